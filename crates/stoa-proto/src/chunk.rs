@@ -1,0 +1,68 @@
+//! Messages to a chunk server: reads and writes of chunk data, replicated along chains,
+//! and the resync calls a returning server uses to catch up.
+//!
+//! Chunk data travels as the frame payload, never inside the message head.
+
+use serde::{Deserialize, Serialize};
+use stoa_types::{ChainId, ChunkId};
+
+/// One request to a chunk server. `chain` and `chain_version` name the chain the caller
+/// believes holds the chunk; a server whose chain table has another version refuses the
+/// request with `StaleChain`, so a server that was removed from a chain can neither serve
+/// stale data nor accept writes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRequest {
+    pub chain: ChainId,
+    pub chain_version: u64,
+    pub op: ChunkOp,
+}
+
+/// Every chunk operation. The variant order is the method number: append only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChunkOp {
+    /// Writes the payload at `offset` of the chunk. A client sends it to the chain head
+    /// with `version: None`; the head assigns the chunk's next version and forwards the
+    /// write down the chain with it. Acknowledged when the whole chain has applied it.
+    Write { chunk: ChunkId, offset: u32, version: Option<u64> },
+    /// Reads up to `len` bytes at `offset`. The answer's payload is shorter when the chunk
+    /// ends first; the caller reads the missing tail as zeros (a hole).
+    Read { chunk: ChunkId, offset: u32, len: u32 },
+    /// Cuts the chunk to `len` bytes (0 removes it). Replicated like a write.
+    Truncate { chunk: ChunkId, len: u32, version: Option<u64> },
+    /// Makes every earlier write to these chunks durable on every server of the chain.
+    Sync { chunks: Vec<ChunkId> },
+    /// Lists the chunks of the chain this server holds, with their versions.
+    ListChunks,
+    /// Reads a whole chunk with its version, for a resyncing peer.
+    FetchChunk { chunk: ChunkId },
+}
+
+impl ChunkOp {
+    /// The chunk this operation is about, if it is about one.
+    pub fn chunk(&self) -> Option<ChunkId> {
+        match self {
+            ChunkOp::Write { chunk, .. }
+            | ChunkOp::Read { chunk, .. }
+            | ChunkOp::Truncate { chunk, .. }
+            | ChunkOp::FetchChunk { chunk } => Some(*chunk),
+            ChunkOp::Sync { .. } | ChunkOp::ListChunks => None,
+        }
+    }
+}
+
+/// Every chunk response. The variant order is part of the protocol: append only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChunkResponse {
+    Done,
+    /// The chunk's version after a write or truncate.
+    Written {
+        version: u64,
+    },
+    /// Data follows as the payload.
+    Data,
+    Chunks(Vec<(ChunkId, u64)>),
+    /// A whole chunk follows as the payload.
+    Chunk {
+        version: u64,
+    },
+}

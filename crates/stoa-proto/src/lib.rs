@@ -1,0 +1,69 @@
+//! The Stoa wire protocol: every message any two Stoa processes exchange, and the frame
+//! that carries it.
+//!
+//! ```text
+//!   caller                                   callee
+//!   Request  --> frame(kind=request, id) -->  handler
+//!   Reply    <-- frame(kind=reply,   id) <--  Result<Response, FsError>
+//! ```
+//!
+//! A frame has a fixed 24-byte header, a bincode-encoded head (the message) and an
+//! optional raw payload for bulk data (chunk contents), so that data is never re-encoded
+//! and can be sliced out of the receive buffer without a copy. The header carries the
+//! protocol version and a CRC32C over head and payload; a frame that fails either check is
+//! refused and the connection closed.
+//!
+//! Compatibility: messages are enums whose variant order is their method number. New
+//! variants go at the end; a change to an existing message bumps [`PROTOCOL_VERSION`].
+
+mod chunk;
+mod frame;
+mod meta;
+
+pub use chunk::{ChunkOp, ChunkRequest, ChunkResponse};
+pub use frame::{
+    decode_head, encode_frame, FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN, HEAD_LEN_MAX,
+    PAYLOAD_LEN_MAX,
+};
+pub use meta::{
+    ChunkServerStatus, ClusterStatus, MetaMemberStatus, MetaOp, MetaRequest, MetaResponse,
+    SessionGrant,
+};
+
+use serde::{Deserialize, Serialize};
+use stoa_types::FsError;
+
+/// The version every frame carries. A peer speaking another version is refused with a
+/// clear error rather than misread.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// Every request, by service.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// A client (or a chunk server, or another replica forwarding) to a meta replica.
+    Meta(MetaRequest),
+    /// A client or a chain peer to a chunk server.
+    Chunk(ChunkRequest),
+    /// One meta replica to another: a Raft message, encoded by the Raft module, opaque
+    /// here so that the protocol does not depend on the Raft library.
+    Raft(RaftRequest),
+}
+
+/// Raft messages between meta replicas. The bytes are the Raft module's own encoding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftRequest {
+    AppendEntries(Vec<u8>),
+    Vote(Vec<u8>),
+    InstallSnapshot(Vec<u8>),
+}
+
+/// Every successful response, by service.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    Meta(MetaResponse),
+    Chunk(ChunkResponse),
+    Raft(Vec<u8>),
+}
+
+/// What a callee sends back: a response, or the error with its retry hint.
+pub type Reply = Result<Response, FsError>;

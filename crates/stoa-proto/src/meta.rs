@@ -1,0 +1,249 @@
+//! Messages to a meta replica: namespace operations from clients, membership and
+//! heartbeats from chunk servers, and cluster status.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use stoa_types::{
+    Attr, Chain, ChainId, ChainTable, ChunkId, ClusterId, DirEntry, FileKind, InodeId, NodeId,
+    RequestId, SessionId, SetAttr, StatFs,
+};
+
+/// One request to meta. Every mutation carries the caller's session and a request id
+/// that increases per session, so that meta applies a retried mutation once and answers
+/// the retry with the first result. Reads carry `RequestId(0)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaRequest {
+    pub session: SessionId,
+    pub req_id: RequestId,
+    pub op: MetaOp,
+}
+
+/// Every meta operation. The variant order is the method number: append only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaOp {
+    /// Starts a client session. Answered with [`MetaResponse::Session`].
+    OpenSession {
+        client: String,
+    },
+    /// Ends a session and releases what it held.
+    CloseSession,
+    Lookup {
+        parent: InodeId,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        ino: InodeId,
+    },
+    SetAttr {
+        ino: InodeId,
+        set: SetAttr,
+    },
+    /// Creates a regular file, device, FIFO or socket (`mknod` and `create`).
+    Create {
+        parent: InodeId,
+        name: Vec<u8>,
+        kind: FileKind,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+    },
+    Mkdir {
+        parent: InodeId,
+        name: Vec<u8>,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+    },
+    Symlink {
+        parent: InodeId,
+        name: Vec<u8>,
+        target: Vec<u8>,
+        uid: u32,
+        gid: u32,
+    },
+    ReadLink {
+        ino: InodeId,
+    },
+    /// Removes a name. When the last link goes and `open` is true (the caller still has
+    /// the file open), the inode is kept as an orphan until [`MetaOp::Purge`].
+    Unlink {
+        parent: InodeId,
+        name: Vec<u8>,
+        open: bool,
+    },
+    Rmdir {
+        parent: InodeId,
+        name: Vec<u8>,
+    },
+    /// `flags` are Linux `renameat2` flags: `RENAME_NOREPLACE` (1), `RENAME_EXCHANGE` (2).
+    Rename {
+        parent: InodeId,
+        name: Vec<u8>,
+        new_parent: InodeId,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
+    Link {
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: Vec<u8>,
+    },
+    /// Lists entries in name order, starting after `after` (empty: from the start), at
+    /// most `limit` of them.
+    ReadDir {
+        ino: InodeId,
+        after: Vec<u8>,
+        limit: u32,
+    },
+    GetXattr {
+        ino: InodeId,
+        name: Vec<u8>,
+    },
+    ListXattr {
+        ino: InodeId,
+    },
+    /// `flags`: `XATTR_CREATE` (1) or `XATTR_REPLACE` (2), as in setxattr(2).
+    SetXattr {
+        ino: InodeId,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    RemoveXattr {
+        ino: InodeId,
+        name: Vec<u8>,
+    },
+    StatFs,
+    /// Records that data up to `size` was written to chunks: grows the file to at least
+    /// `size` and sets mtime and ctime.
+    CommitWrite {
+        ino: InodeId,
+        size: u64,
+    },
+    /// Deletes an orphaned inode (no links left) once its last opener closed it.
+    Purge {
+        ino: InodeId,
+    },
+    GetChainTable,
+    Status,
+    /// A chunk server announces itself. A new server passes `node: None` and `cluster:
+    /// None` and is given both; a known one passes what it was given.
+    RegisterChunkServer {
+        node: Option<NodeId>,
+        cluster: Option<ClusterId>,
+        addr: SocketAddr,
+        zone: String,
+        capacity_bytes: u64,
+        used_bytes: u64,
+    },
+    /// A chunk server's periodic liveness and usage report. Answered with the chain table
+    /// when the server's copy (`table_version`) is older than meta's.
+    ChunkHeartbeat {
+        node: NodeId,
+        capacity_bytes: u64,
+        used_bytes: u64,
+        table_version: u64,
+    },
+    /// A syncing member of `chain` has copied everything and may serve reads.
+    ChunkSynced {
+        node: NodeId,
+        chain: ChainId,
+        chain_version: u64,
+    },
+    /// A chunk server found a replica whose checksum does not match.
+    ReportCorrupt {
+        node: NodeId,
+        chunk: ChunkId,
+        detail: String,
+    },
+}
+
+impl MetaOp {
+    /// Whether the operation changes state and so goes through the Raft log.
+    pub fn is_mutation(&self) -> bool {
+        !matches!(
+            self,
+            MetaOp::Lookup { .. }
+                | MetaOp::GetAttr { .. }
+                | MetaOp::ReadLink { .. }
+                | MetaOp::ReadDir { .. }
+                | MetaOp::GetXattr { .. }
+                | MetaOp::ListXattr { .. }
+                | MetaOp::StatFs
+                | MetaOp::GetChainTable
+                | MetaOp::Status
+                | MetaOp::ChunkHeartbeat { .. }
+                | MetaOp::ReportCorrupt { .. }
+        )
+    }
+}
+
+/// What meta grants a new session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionGrant {
+    pub session: SessionId,
+    pub cluster: ClusterId,
+    pub chunk_size_bytes: u32,
+    /// How long the session lives without a renewal.
+    pub lease_ms: u64,
+}
+
+/// Every meta response. The variant order is part of the protocol: append only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaResponse {
+    Done,
+    Session(SessionGrant),
+    Attr(Attr),
+    Data(Vec<u8>),
+    Entries { entries: Vec<DirEntry>, more: bool },
+    Names(Vec<Vec<u8>>),
+    StatFs(StatFs),
+    ChainTable(ChainTable),
+    Status(ClusterStatus),
+    Registered { node: NodeId, cluster: ClusterId },
+    Heartbeat { table: Option<ChainTable> },
+}
+
+/// One meta replica as the cluster sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaMemberStatus {
+    pub id: NodeId,
+    pub addr: SocketAddr,
+    pub voter: bool,
+    /// Whether the replica answering the status call could reach this one.
+    pub up: bool,
+    /// The last log index this replica is known to hold, where the answering replica
+    /// knows it (the leader knows it for everyone).
+    pub matched_index: Option<u64>,
+}
+
+/// One chunk server as the meta leader sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkServerStatus {
+    pub id: NodeId,
+    pub addr: SocketAddr,
+    pub zone: String,
+    pub up: bool,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    /// Milliseconds since its last heartbeat, if it ever sent one to this leader.
+    pub last_heartbeat_ms: Option<u64>,
+}
+
+/// The whole cluster at a glance, as `stoa status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub cluster: ClusterId,
+    /// The replica that answered.
+    pub answered_by: NodeId,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub quorate: bool,
+    pub last_applied: u64,
+    pub members: Vec<MetaMemberStatus>,
+    pub chunk_servers: Vec<ChunkServerStatus>,
+    pub chains: Vec<Chain>,
+    pub table_version: u64,
+    pub files: u64,
+}
