@@ -37,7 +37,7 @@ pub enum FileKind {
 impl FileKind {
     /// The `S_IF*` bits of this kind, as in `st_mode`.
     pub fn mode_bits(self) -> u32 {
-        (match self {
+        match self {
             FileKind::File => libc::S_IFREG,
             FileKind::Dir => libc::S_IFDIR,
             FileKind::Symlink => libc::S_IFLNK,
@@ -45,19 +45,19 @@ impl FileKind {
             FileKind::Socket => libc::S_IFSOCK,
             FileKind::CharDevice => libc::S_IFCHR,
             FileKind::BlockDevice => libc::S_IFBLK,
-        }) as u32
+        }
     }
 
     /// The kind named by the `S_IF*` bits of a full `st_mode`.
     pub fn from_mode(mode: u32) -> Option<FileKind> {
-        Some(match mode & libc::S_IFMT as u32 {
-            m if m == libc::S_IFREG as u32 => FileKind::File,
-            m if m == libc::S_IFDIR as u32 => FileKind::Dir,
-            m if m == libc::S_IFLNK as u32 => FileKind::Symlink,
-            m if m == libc::S_IFIFO as u32 => FileKind::Fifo,
-            m if m == libc::S_IFSOCK as u32 => FileKind::Socket,
-            m if m == libc::S_IFCHR as u32 => FileKind::CharDevice,
-            m if m == libc::S_IFBLK as u32 => FileKind::BlockDevice,
+        Some(match mode & libc::S_IFMT {
+            m if m == libc::S_IFREG => FileKind::File,
+            m if m == libc::S_IFDIR => FileKind::Dir,
+            m if m == libc::S_IFLNK => FileKind::Symlink,
+            m if m == libc::S_IFIFO => FileKind::Fifo,
+            m if m == libc::S_IFSOCK => FileKind::Socket,
+            m if m == libc::S_IFCHR => FileKind::CharDevice,
+            m if m == libc::S_IFBLK => FileKind::BlockDevice,
             _ => return None,
         })
     }
