@@ -18,6 +18,7 @@ mod wire;
 
 pub use conn::{Conn, Pool};
 pub use error::NetError;
+pub use meta_client::MetaClient;
 pub use server::{bind, serve, Handler};
 
 use bytes::Bytes;

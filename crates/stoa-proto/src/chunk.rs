@@ -35,6 +35,10 @@ pub enum ChunkOp {
     ListChunks,
     /// Reads a whole chunk with its version, for a resyncing peer.
     FetchChunk { chunk: ChunkId },
+    /// Replaces the whole chunk with the payload at `version`, unless the receiver already
+    /// has `version` or newer. A chain member sends it down the chain when its successor
+    /// reports a version gap (it missed a write), and a resync uses it to copy a chunk.
+    Install { chunk: ChunkId, version: u64 },
 }
 
 impl ChunkOp {
@@ -44,7 +48,8 @@ impl ChunkOp {
             ChunkOp::Write { chunk, .. }
             | ChunkOp::Read { chunk, .. }
             | ChunkOp::Truncate { chunk, .. }
-            | ChunkOp::FetchChunk { chunk } => Some(*chunk),
+            | ChunkOp::FetchChunk { chunk }
+            | ChunkOp::Install { chunk, .. } => Some(*chunk),
             ChunkOp::Sync { .. } | ChunkOp::ListChunks => None,
         }
     }
