@@ -13,6 +13,7 @@
 
 mod conn;
 mod error;
+mod meta_client;
 mod server;
 mod wire;
 
