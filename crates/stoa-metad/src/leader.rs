@@ -1,0 +1,236 @@
+//! Work only the leader does, started when this replica wins an election and stopped
+//! when it loses leadership:
+//!
+//! - create the cluster (`Init`) the first time a leader finds none;
+//! - judge chunk-server liveness and propose `ChunkServerDown` / `ChunkServerUp`;
+//! - delete the chunks of garbage inodes and then propose `GarbageCollected`.
+
+use crate::liveness::DOWN_AFTER;
+use crate::raft::Role;
+use crate::service::Node;
+use bytes::Bytes;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use stoa_meta::Command;
+use stoa_proto::{ChunkOp, ChunkRequest, Request};
+use stoa_types::{ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, Timestamp};
+use tokio::task::JoinSet;
+
+const LIVENESS_PERIOD: Duration = Duration::from_millis(250);
+const GC_PERIOD: Duration = Duration::from_millis(500);
+/// Garbage inodes handled per round.
+const GC_BATCH: usize = 100;
+/// Chunk deletions in flight at once for one inode.
+const GC_PARALLEL: usize = 16;
+const CHUNK_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Follows the Raft role and runs the leader's tasks while this replica leads. Returns
+/// when Raft stops.
+pub(crate) async fn follow_leadership(node: Arc<Node>) {
+    let mut watch = node.raft.subscribe();
+    // Dropping a JoinSet aborts its tasks, so losing leadership stops them at once.
+    let mut running: Option<(u64, JoinSet<()>)> = None;
+    loop {
+        let view = node.raft.view();
+        let leading = view.role == Role::Leader;
+        let current_term = running.as_ref().map(|(term, _)| *term);
+        if leading && current_term != Some(view.term) {
+            tracing::info!("replica {} leads in term {}", node.id(), view.term);
+            node.liveness.restart();
+            let mut tasks = JoinSet::new();
+            tasks.spawn(create_cluster(node.clone()));
+            tasks.spawn(judge_liveness(node.clone()));
+            tasks.spawn(collect_garbage(node.clone()));
+            running = Some((view.term, tasks));
+        } else if !leading && running.is_some() {
+            tracing::info!("replica {} no longer leads", node.id());
+            running = None;
+        }
+        if !watch.changed().await {
+            return;
+        }
+    }
+}
+
+/// Proposes `Init` with a fresh cluster id if the state machine has none yet.
+async fn create_cluster(node: Arc<Node>) {
+    loop {
+        match try_create_cluster(&node).await {
+            Ok(()) => return,
+            Err(e) => tracing::warn!("creating the cluster: {e}; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn try_create_cluster(node: &Node) -> Result<(), FsError> {
+    // Wait until everything committed before this term is applied, so that an Init
+    // from an earlier leader is seen.
+    node.raft.linearize().await?;
+    if node.raft.read(stoa_meta::cluster_info).await?.is_some() {
+        return Ok(());
+    }
+    let cluster = ClusterId(rand::random::<u128>());
+    let cmd = Command::Init {
+        cluster,
+        chunk_size_bytes: node.cfg.chunk_size_bytes,
+        replicas: node.cfg.replicas,
+        now: Timestamp::now(),
+    };
+    node.raft.propose(cmd).await?;
+    tracing::info!("created cluster {cluster}");
+    Ok(())
+}
+
+/// What the liveness judge last proposed, so that it does not repeat itself while the
+/// chain table has not changed.
+type Proposed = HashSet<(NodeId, u64, bool)>;
+
+async fn judge_liveness(node: Arc<Node>) {
+    // Give every server one full timeout to find this new leader.
+    tokio::time::sleep(DOWN_AFTER).await;
+    let mut proposed = Proposed::new();
+    let mut ticker = tokio::time::interval(LIVENESS_PERIOD);
+    loop {
+        ticker.tick().await;
+        if let Err(e) = judge_once(&node, &mut proposed).await {
+            tracing::debug!("liveness round failed: {e}");
+        }
+    }
+}
+
+async fn judge_once(node: &Node, proposed: &mut Proposed) -> Result<(), FsError> {
+    let (table, info) = node
+        .raft
+        .read(|kv| Ok((stoa_meta::chain_table(kv)?, stoa_meta::cluster_info(kv)?)))
+        .await?;
+    let Some(info) = info else { return Ok(()) };
+    proposed.retain(|(_, version, _)| *version == table.version);
+    let in_path: BTreeSet<NodeId> = table.chains.iter().flat_map(|c| c.write_path()).collect();
+    for &server in &in_path {
+        let key = (server, table.version, false);
+        if !node.liveness.is_alive(server, DOWN_AFTER) && !proposed.contains(&key) {
+            tracing::warn!(
+                "chunk server {server} silent for {DOWN_AFTER:?}: taking it out of its chains"
+            );
+            node.raft.propose(Command::ChunkServerDown { node: server }).await?;
+            proposed.insert(key);
+        }
+    }
+    let short = table.chains.iter().any(|c| c.write_path().count() < usize::from(info.replicas));
+    if !short {
+        return Ok(());
+    }
+    for (server, _) in node.liveness.alive(DOWN_AFTER) {
+        let key = (server, table.version, true);
+        let known = table.nodes.iter().any(|n| n.id == server);
+        if known && !in_path.contains(&server) && !proposed.contains(&key) {
+            tracing::info!("chunk server {server} is back: adding it to short chains");
+            node.raft.propose(Command::ChunkServerUp { node: server }).await?;
+            proposed.insert(key);
+        }
+    }
+    Ok(())
+}
+
+async fn collect_garbage(node: Arc<Node>) {
+    let mut ticker = tokio::time::interval(GC_PERIOD);
+    loop {
+        ticker.tick().await;
+        if let Err(e) = collect_once(&node).await {
+            tracing::debug!("garbage round failed: {e}");
+        }
+    }
+}
+
+async fn collect_once(node: &Node) -> Result<(), FsError> {
+    let (items, table, info) = node
+        .raft
+        .read(|kv| {
+            Ok((
+                stoa_meta::garbage(kv, GC_BATCH)?,
+                stoa_meta::chain_table(kv)?,
+                stoa_meta::cluster_info(kv)?,
+            ))
+        })
+        .await?;
+    let Some(info) = info else { return Ok(()) };
+    for (ino, size) in items {
+        match delete_chunks(node, &table, ino, size, info.chunk_size_bytes).await {
+            Ok(()) => {
+                node.raft.propose(Command::GarbageCollected { ino }).await?;
+            }
+            Err(e) => {
+                tracing::debug!("deleting the chunks of inode {ino} failed ({e}); will retry")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Chunk indexes of a file of `size` bytes.
+fn chunk_count(size: u64, chunk_size_bytes: u32) -> u64 {
+    size.div_ceil(u64::from(chunk_size_bytes.max(1)))
+}
+
+/// Truncates every chunk of `ino` to nothing at the head of its chain, which replicates
+/// the deletion down the chain.
+async fn delete_chunks(
+    node: &Node,
+    table: &ChainTable,
+    ino: InodeId,
+    size: u64,
+    chunk_size_bytes: u32,
+) -> Result<(), FsError> {
+    let mut calls = JoinSet::new();
+    for index in 0..chunk_count(size, chunk_size_bytes) {
+        if calls.len() >= GC_PARALLEL {
+            calls.join_next().await.expect("set is not empty").map_err(join_err)??;
+        }
+        let chunk = ChunkId { ino, index };
+        let chain = table
+            .chain_for(chunk)
+            .ok_or_else(|| FsError::Unavailable("no chains to delete chunks from".into()))?;
+        let head =
+            chain.members.first().copied().ok_or_else(|| {
+                FsError::Unavailable(format!("chain {} has no members", chain.id))
+            })?;
+        let addr = table
+            .addr(head)
+            .ok_or_else(|| FsError::Unavailable(format!("chunk server {head} has no address")))?;
+        let req = Request::Chunk(ChunkRequest {
+            chain: chain.id,
+            chain_version: chain.version,
+            op: ChunkOp::Truncate { chunk, len: 0, version: None },
+        });
+        let pool = node.pool.clone();
+        calls.spawn(async move {
+            match pool.call(addr, &req, Bytes::new(), CHUNK_CALL_TIMEOUT).await {
+                Ok(_) | Err(FsError::NotFound) => Ok(()),
+                Err(e) => Err(e),
+            }
+        });
+    }
+    while let Some(result) = calls.join_next().await {
+        result.map_err(join_err)??;
+    }
+    Ok(())
+}
+
+fn join_err(e: tokio::task::JoinError) -> FsError {
+    FsError::Io(format!("chunk deletion task: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_has_one_chunk_per_started_chunk_size() {
+        assert_eq!(chunk_count(0, 4096), 0);
+        assert_eq!(chunk_count(1, 4096), 1);
+        assert_eq!(chunk_count(4096, 4096), 1);
+        assert_eq!(chunk_count(4097, 4096), 2);
+    }
+}

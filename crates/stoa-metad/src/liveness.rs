@@ -1,0 +1,98 @@
+//! Chunk-server liveness: soft state on the leader, rebuilt from heartbeats after every
+//! election. It is never replicated; only its verdicts are (as `ChunkServerDown` and
+//! `ChunkServerUp` commands).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use stoa_types::NodeId;
+
+/// A chunk server silent this long is taken out of its chains.
+pub(crate) const DOWN_AFTER: Duration = Duration::from_secs(2);
+
+/// What the last heartbeat of one chunk server said.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Beat {
+    pub at: Instant,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    /// When this replica started judging (its last election win): a server is given
+    /// one full timeout from then, so a failover does not evict healthy servers.
+    since: Instant,
+    beats: HashMap<NodeId, Beat>,
+}
+
+/// Heartbeats received by this replica while it leads.
+#[derive(Debug)]
+pub(crate) struct Liveness {
+    state: Mutex<State>,
+}
+
+impl Default for Liveness {
+    fn default() -> Liveness {
+        Liveness { state: Mutex::new(State { since: Instant::now(), beats: HashMap::new() }) }
+    }
+}
+
+impl Liveness {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("liveness lock poisoned")
+    }
+
+    /// Forgets everything: called when this replica becomes leader, because heartbeats
+    /// seen in an earlier term say nothing about now.
+    pub fn restart(&self) {
+        let mut s = self.lock();
+        s.since = Instant::now();
+        s.beats.clear();
+    }
+
+    pub fn beat(&self, node: NodeId, capacity_bytes: u64, used_bytes: u64) {
+        let beat = Beat { at: Instant::now(), capacity_bytes, used_bytes };
+        self.lock().beats.insert(node, beat);
+    }
+
+    /// Whether `node` heartbeated within `limit` (counting from when judging started).
+    pub fn is_alive(&self, node: NodeId, limit: Duration) -> bool {
+        let s = self.lock();
+        let last = s.beats.get(&node).map_or(s.since, |b| b.at.max(s.since));
+        last.elapsed() < limit
+    }
+
+    /// The last heartbeat of `node`, if it sent one since judging started.
+    pub fn last(&self, node: NodeId) -> Option<Beat> {
+        self.lock().beats.get(&node).copied()
+    }
+
+    /// Every server that heartbeated within `limit`.
+    pub fn alive(&self, limit: Duration) -> Vec<(NodeId, Beat)> {
+        let s = self.lock();
+        let mut out: Vec<_> =
+            s.beats.iter().filter(|(_, b)| b.at.elapsed() < limit).map(|(n, b)| (*n, *b)).collect();
+        out.sort_by_key(|(n, _)| *n);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_leader_gives_silent_servers_one_full_timeout() {
+        let live = Liveness::default();
+        live.restart();
+        assert!(live.is_alive(NodeId(5), Duration::from_millis(200)));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!live.is_alive(NodeId(5), Duration::from_millis(20)));
+        live.beat(NodeId(5), 100, 10);
+        assert!(live.is_alive(NodeId(5), Duration::from_millis(20)));
+        assert_eq!(live.alive(Duration::from_secs(1)).len(), 1);
+        live.restart();
+        assert!(live.last(NodeId(5)).is_none());
+    }
+}

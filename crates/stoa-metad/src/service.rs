@@ -1,0 +1,184 @@
+//! The meta RPC service: what a replica does with each request.
+//!
+//! ```text
+//!  request --> mutation? --leader--> propose Command::Client --> answer
+//!          |            \-follower-> forward to the leader (one hop)
+//!          +-> read -----leader--> ensure_linearizable, read txn --> answer
+//!          |            \-follower-> forward to the leader
+//!          +-> ChunkHeartbeat (leader soft state), Status, ReportCorrupt
+//! ```
+
+use crate::datadir::ClusterIdentity;
+use crate::liveness::{Liveness, DOWN_AFTER};
+use crate::raft::{MetaRaft, RaftView, Role};
+use crate::MetaConfig;
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use stoa_meta::Command;
+use stoa_net::{Handler, Pool};
+use stoa_proto::{MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
+use stoa_types::{FsError, NodeId, StatFs, Timestamp};
+
+/// How long a forwarded request may take at the leader.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything one running replica has; shared by the service and the leader's tasks.
+pub(crate) struct Node {
+    pub cfg: MetaConfig,
+    pub raft: MetaRaft,
+    pub pool: Pool,
+    pub cluster: Arc<ClusterIdentity>,
+    pub liveness: Liveness,
+    pub corrupt_reports: AtomicU64,
+}
+
+impl Node {
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// Answers one meta request.
+    pub async fn meta(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
+        match &req.op {
+            MetaOp::Status => self.status(req).await,
+            MetaOp::ReportCorrupt { node, chunk, detail } => {
+                let count = self.corrupt_reports.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(
+                    "chunk server {node} reports a corrupt replica of chunk {chunk}: {detail} \
+                     ({count} reports so far)"
+                );
+                Ok(MetaResponse::Done)
+            }
+            MetaOp::ChunkHeartbeat { .. } => self.heartbeat(req).await,
+            op if op.is_mutation() => self.mutate(req).await,
+            _ => self.read(req).await,
+        }
+    }
+
+    async fn mutate(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
+        let view = self.raft.view();
+        if view.role != Role::Leader {
+            return self.forward(&view, req).await;
+        }
+        self.raft.propose(Command::Client { req, now: Timestamp::now() }).await
+    }
+
+    async fn read(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
+        let view = self.raft.view();
+        if view.role != Role::Leader {
+            return self.forward(&view, req).await;
+        }
+        self.raft.linearize().await?;
+        let op = req.op;
+        let resp = self.raft.read(move |kv| stoa_meta::read(kv, &op)).await?;
+        Ok(match resp {
+            MetaResponse::StatFs(s) => MetaResponse::StatFs(self.live_statfs(s).await),
+            other => other,
+        })
+    }
+
+    /// Replaces the recorded capacity with what live chunk servers last reported, when
+    /// any have reported to this leader.
+    async fn live_statfs(&self, recorded: StatFs) -> StatFs {
+        let alive = self.liveness.alive(DOWN_AFTER);
+        if alive.is_empty() {
+            return recorded;
+        }
+        let replicas = u64::from(self.cfg.replicas.max(1));
+        let total: u64 = alive.iter().map(|(_, b)| b.capacity_bytes).sum();
+        let free: u64 =
+            alive.iter().map(|(_, b)| b.capacity_bytes.saturating_sub(b.used_bytes)).sum();
+        StatFs { total_bytes: total / replicas, free_bytes: free / replicas, ..recorded }
+    }
+
+    async fn heartbeat(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
+        let view = self.raft.view();
+        if view.role != Role::Leader {
+            return self.forward(&view, req).await;
+        }
+        let MetaOp::ChunkHeartbeat { node, capacity_bytes, used_bytes, table_version } = req.op
+        else {
+            return Err(FsError::Invalid("not a heartbeat".into()));
+        };
+        self.liveness.beat(node, capacity_bytes, used_bytes);
+        let table = self.raft.read(stoa_meta::chain_table).await?;
+        Ok(MetaResponse::Heartbeat { table: (table.version != table_version).then_some(table) })
+    }
+
+    /// Sends `req` to the leader and returns its answer. One hop: the leader answers
+    /// itself or says `NotLeader`, and the caller retries.
+    pub async fn forward(
+        &self,
+        view: &RaftView,
+        req: MetaRequest,
+    ) -> Result<MetaResponse, FsError> {
+        let (leader, addr) = match (view.leader, view.leader_addr) {
+            (Some(leader), Some(addr)) if leader != self.id() => (leader, addr),
+            _ => return Err(FsError::NotLeader { leader: None, addr: None }),
+        };
+        self.call_meta(addr, req).await.inspect_err(|e| {
+            tracing::debug!("forwarding to leader {leader} at {addr} failed: {e}");
+        })
+    }
+
+    pub async fn call_meta(
+        &self,
+        addr: SocketAddr,
+        req: MetaRequest,
+    ) -> Result<MetaResponse, FsError> {
+        match self.pool.call(addr, &Request::Meta(req), Bytes::new(), FORWARD_TIMEOUT).await {
+            Ok((Response::Meta(resp), _)) => Ok(resp),
+            Ok((other, _)) => Err(FsError::Protocol(format!("meta at {addr} answered {other:?}"))),
+            Err(e @ FsError::Unavailable(_)) => {
+                // The next call opens a new connection: this one may lead to a replica
+                // that has stopped.
+                self.pool.forget(addr);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The [`Handler`] given to the RPC server. It holds the replica behind a gate that
+/// shutdown closes, so connections that outlive the replica get a retryable error and
+/// stop holding its store open.
+#[derive(Default)]
+pub(crate) struct Service {
+    node: RwLock<Option<Arc<Node>>>,
+}
+
+impl Service {
+    pub fn new(node: Arc<Node>) -> Service {
+        Service { node: RwLock::new(Some(node)) }
+    }
+
+    /// Stops answering; returns the replica.
+    pub fn close(&self) -> Option<Arc<Node>> {
+        self.node.write().expect("service lock poisoned").take()
+    }
+
+    fn current(&self) -> Option<Arc<Node>> {
+        self.node.read().expect("service lock poisoned").clone()
+    }
+}
+
+impl Handler for Service {
+    async fn handle(&self, req: Request, _payload: Bytes, _peer: SocketAddr) -> (Reply, Bytes) {
+        let Some(node) = self.current() else {
+            let err = FsError::Unavailable("meta replica is shut down".into());
+            return (Err(err), Bytes::new());
+        };
+        let reply = match req {
+            Request::Raft(r) => node.raft.handle(r).await.map(Response::Raft),
+            Request::Meta(m) => node.meta(m).await.map(Response::Meta),
+            Request::Chunk(_) => Err(FsError::Invalid(
+                "this is a meta server; chunk requests go to chunk servers".into(),
+            )),
+        };
+        (reply, Bytes::new())
+    }
+}
