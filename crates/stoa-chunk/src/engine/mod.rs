@@ -1,0 +1,555 @@
+//! The chunk engine: chunks as files on local disk, each 4 KiB block with a CRC32C, and
+//! the version rules that make chain replication idempotent. No network, no clock, and
+//! every call blocks: the server runs them on tokio's blocking pool.
+//!
+//! ```text
+//!  DATA/chunks/<ab>/<chunk id>        the bytes, written in place
+//!  DATA/chunks/<ab>/<chunk id>.meta   the header (see header.rs), replaced by rename
+//! ```
+//!
+//! Crash safety: a change writes the data first (in place, whole touched blocks), then a
+//! new header to `<chunk id>.meta.tmp`, renamed over the old one. The rename is atomic, so
+//! a header is always whole; a crash between the two steps leaves an old header whose
+//! CRCs disagree with the new data, which every read detects as `Checksum` (never
+//! silently wrong data). The engine notes an unclean stop (the `DIRTY` marker survives
+//! it), and a resync after one verifies every chunk it would otherwise keep.
+//!
+//! Nothing here is fsynced on the write path: `Sync` (the client's fsync) fdatasyncs the
+//! data, fsyncs the header and the directory that holds the renames.
+//!
+//! Locking: operations on one chunk are serialized by one of [`LOCK_STRIPES`] read-write
+//! locks picked by the chunk id, so different chunks proceed in parallel and a read never
+//! sees a half-applied write.
+
+mod header;
+#[cfg(test)]
+mod tests;
+
+use header::{Header, BLOCK};
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+use stoa_types::{ChunkId, FsError};
+
+/// The largest chunk the engine stores; a frame payload carries at most a little more.
+pub const CHUNK_LEN_MAX: u32 = 64 * 1024 * 1024;
+const LOCK_STRIPES: usize = 256;
+const HEADER_EXT: &str = "meta";
+
+/// What a versioned mutation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied; the chunk is now at this version.
+    Applied(u64),
+    /// Not applied, because the chunk already was at this version or newer.
+    Skipped(u64),
+}
+
+impl Outcome {
+    pub fn version(self) -> u64 {
+        match self {
+            Outcome::Applied(v) | Outcome::Skipped(v) => v,
+        }
+    }
+}
+
+/// A chunk's header as found on disk.
+enum Local {
+    Absent,
+    Present(Header),
+    Corrupt(String),
+}
+
+impl Local {
+    /// The version replication compares: a damaged header counts as nothing, so that a
+    /// peer's copy replaces it.
+    fn version(&self) -> u64 {
+        match self {
+            Local::Present(h) => h.version,
+            Local::Absent | Local::Corrupt(_) => 0,
+        }
+    }
+}
+
+/// The version rule for a mutation arriving with `incoming` (None: at the head, which
+/// assigns the next version). Returns the version to apply, or `None` to skip.
+fn admit(local: &Local, chunk: ChunkId, incoming: Option<u64>) -> Result<Option<u64>, FsError> {
+    match (local, incoming) {
+        (Local::Corrupt(detail), None) => {
+            Err(FsError::Checksum(format!("chunk {chunk}: {detail}")))
+        }
+        // A successor with a damaged header asks its predecessor for the whole chunk.
+        (Local::Corrupt(_), Some(_)) => Err(FsError::Stale),
+        (_, None) => Ok(Some(local.version() + 1)),
+        (_, Some(v)) if local.version() >= v => Ok(None),
+        (_, Some(v)) if local.version() + 1 == v => Ok(Some(v)),
+        (_, Some(_)) => Err(FsError::Stale),
+    }
+}
+
+struct Paths {
+    dir: PathBuf,
+    data: PathBuf,
+    header: PathBuf,
+}
+
+/// The chunk store of one data directory.
+pub struct Engine {
+    chunks_dir: PathBuf,
+    dirty_marker: PathBuf,
+    stripes: Vec<RwLock<()>>,
+    opened_dirty: bool,
+}
+
+impl Engine {
+    /// Opens (creating if needed) the store under `data_dir`. The caller holds the data
+    /// directory's lock, so no other process shares the store.
+    pub fn open(data_dir: &Path) -> Result<Engine, FsError> {
+        let chunks_dir = data_dir.join("chunks");
+        std::fs::create_dir_all(&chunks_dir)
+            .map_err(|e| io_err(format!("create {}", chunks_dir.display()), e))?;
+        let dirty_marker = data_dir.join("DIRTY");
+        let opened_dirty = dirty_marker.exists();
+        File::create(&dirty_marker)
+            .and_then(|_| File::open(data_dir)?.sync_all())
+            .map_err(|e| io_err(format!("create {}", dirty_marker.display()), e))?;
+        if opened_dirty {
+            tracing::warn!("chunk store {} was not shut down cleanly", data_dir.display());
+        }
+        let stripes = (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect();
+        Ok(Engine { chunks_dir, dirty_marker, stripes, opened_dirty })
+    }
+
+    /// Whether the last process using this store stopped without [`Engine::close_clean`]:
+    /// then a chunk may have data newer than its header.
+    pub fn opened_dirty(&self) -> bool {
+        self.opened_dirty
+    }
+
+    /// Flushes the whole filesystem holding the store and clears the unclean-stop marker.
+    pub fn close_clean(&self) -> Result<(), FsError> {
+        let dir = File::open(&self.chunks_dir)
+            .map_err(|e| io_err(format!("open {}", self.chunks_dir.display()), e))?;
+        // SAFETY: syncfs only reads the descriptor, which `dir` keeps open.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+            return Err(io_err("syncfs the chunk store".into(), std::io::Error::last_os_error()));
+        }
+        std::fs::remove_file(&self.dirty_marker)
+            .map_err(|e| io_err(format!("remove {}", self.dirty_marker.display()), e))
+    }
+
+    fn stripe(&self, chunk: ChunkId) -> &RwLock<()> {
+        let key = chunk.ino.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ chunk.index;
+        &self.stripes[(key % LOCK_STRIPES as u64) as usize]
+    }
+
+    fn paths(&self, chunk: ChunkId) -> Paths {
+        let fan = (chunk.ino.0 ^ chunk.index.rotate_left(8)) as u8;
+        let dir = self.chunks_dir.join(format!("{fan:02x}"));
+        let name = chunk.to_string();
+        Paths { data: dir.join(&name), header: dir.join(format!("{name}.{HEADER_EXT}")), dir }
+    }
+
+    /// The chunk's version; 0 when it does not exist. A damaged header is `Checksum`.
+    pub fn version(&self, chunk: ChunkId) -> Result<u64, FsError> {
+        let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+        match self.load(chunk)? {
+            Local::Absent => Ok(0),
+            Local::Present(h) => Ok(h.version),
+            Local::Corrupt(detail) => Err(FsError::Checksum(format!("chunk {chunk}: {detail}"))),
+        }
+    }
+
+    /// Reads up to `len` bytes at `offset`, shorter where the chunk ends (a missing chunk
+    /// reads as empty). Every block touched is checked against its CRC.
+    pub fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Vec<u8>, FsError> {
+        let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+        let header = match self.load(chunk)? {
+            Local::Absent => return Ok(Vec::new()),
+            Local::Present(h) => h,
+            Local::Corrupt(detail) => {
+                return Err(FsError::Checksum(format!("chunk {chunk}: {detail}")))
+            }
+        };
+        self.read_verified(chunk, &header, offset, len)
+    }
+
+    /// The whole chunk and its version: `(0, empty)` when it does not exist.
+    pub fn fetch(&self, chunk: ChunkId) -> Result<(u64, Vec<u8>), FsError> {
+        let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+        match self.load(chunk)? {
+            Local::Absent => Ok((0, Vec::new())),
+            Local::Present(h) => Ok((h.version, self.read_verified(chunk, &h, 0, h.len)?)),
+            Local::Corrupt(detail) => Err(FsError::Checksum(format!("chunk {chunk}: {detail}"))),
+        }
+    }
+
+    /// Checks every block of the chunk against its CRC.
+    pub fn verify(&self, chunk: ChunkId) -> Result<(), FsError> {
+        self.fetch(chunk).map(|_| ())
+    }
+
+    /// Writes `data` at `offset` under the version rule (see [`admit`]): at the head
+    /// (`version: None`) as the next version, elsewhere only on top of `version - 1`.
+    /// A gap is `Stale`; so is a damaged block at a successor, whose predecessor then
+    /// sends the whole chunk.
+    pub fn write(
+        &self,
+        chunk: ChunkId,
+        offset: u32,
+        data: &[u8],
+        version: Option<u64>,
+    ) -> Result<Outcome, FsError> {
+        check_extent(chunk, u64::from(offset) + data.len() as u64)?;
+        let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
+        let local = self.load(chunk)?;
+        let Some(next) = admit(&local, chunk, version)? else {
+            return Ok(Outcome::Skipped(local.version()));
+        };
+        let mut header = match local {
+            Local::Present(h) => h,
+            _ => Header::empty(chunk),
+        };
+        let paths = self.paths(chunk);
+        self.write_blocks(&paths, &mut header, offset as usize, data).map_err(|e| match e {
+            FsError::Checksum(_) if version.is_some() => FsError::Stale,
+            e => e,
+        })?;
+        header.version = next;
+        save_header(&paths, &header)?;
+        Ok(Outcome::Applied(next))
+    }
+
+    /// Cuts (or zero-extends) the chunk to `len` bytes under the version rule; `len` 0
+    /// removes it. Removing needs no earlier state, so it is applied across a gap.
+    pub fn truncate(
+        &self,
+        chunk: ChunkId,
+        len: u32,
+        version: Option<u64>,
+    ) -> Result<Outcome, FsError> {
+        check_extent(chunk, u64::from(len))?;
+        let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
+        let local = self.load(chunk)?;
+        let paths = self.paths(chunk);
+        if len == 0 {
+            return match (&local, version) {
+                (Local::Absent, _) => Ok(Outcome::Skipped(0)),
+                (_, Some(v)) if local.version() >= v => Ok(Outcome::Skipped(local.version())),
+                _ => {
+                    remove_files(&paths)?;
+                    Ok(Outcome::Applied(version.unwrap_or(local.version() + 1)))
+                }
+            };
+        }
+        let Some(next) = admit(&local, chunk, version)? else {
+            return Ok(Outcome::Skipped(local.version()));
+        };
+        let mut header = match local {
+            Local::Present(h) => h,
+            _ => Header::empty(chunk),
+        };
+        let old_len = header.len as usize;
+        let new_len = len as usize;
+        if new_len > old_len {
+            let zeros = vec![0u8; new_len - old_len];
+            self.write_blocks(&paths, &mut header, old_len, &zeros)?;
+        } else if new_len < old_len {
+            self.shrink_header(chunk, &paths, &mut header, new_len)?;
+        }
+        header.version = next;
+        save_header(&paths, &header)?;
+        if new_len < old_len {
+            // After the header: a crash in between leaves bytes past the end, never read.
+            let file = open_data(&paths, false)?;
+            file.set_len(new_len as u64).map_err(|e| io_err(format!("truncate {chunk}"), e))?;
+        }
+        Ok(Outcome::Applied(next))
+    }
+
+    /// Replaces the whole chunk with `data` at `version`, unless the chunk already is at
+    /// `version` or newer and `force` is false. Version 0 means "absent": the chunk is
+    /// removed. A resync forces, because the active member it copies from is the truth
+    /// even when it is behind (a chunk deleted and written anew restarts at version 1).
+    pub fn install(
+        &self,
+        chunk: ChunkId,
+        version: u64,
+        data: &[u8],
+        force: bool,
+    ) -> Result<Outcome, FsError> {
+        check_extent(chunk, data.len() as u64)?;
+        let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
+        let local = self.load(chunk)?;
+        if !force && matches!(&local, Local::Present(h) if h.version >= version) {
+            return Ok(Outcome::Skipped(local.version()));
+        }
+        let paths = self.paths(chunk);
+        if version == 0 {
+            remove_files(&paths)?;
+            return Ok(Outcome::Applied(0));
+        }
+        std::fs::create_dir_all(&paths.dir)
+            .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
+        let tmp = paths.data.with_extension("tmp");
+        std::fs::write(&tmp, data)
+            .and_then(|_| std::fs::rename(&tmp, &paths.data))
+            .map_err(|e| io_err(format!("install chunk {chunk}"), e))?;
+        let crcs = data.chunks(BLOCK).map(crc32c::crc32c).collect();
+        let header = Header { chunk, version, len: data.len() as u32, crcs };
+        save_header(&paths, &header)?;
+        Ok(Outcome::Applied(version))
+    }
+
+    /// Makes the chunk's data, header and directory entry durable. A missing chunk
+    /// syncs its directory, so that a removal is durable too.
+    pub fn sync(&self, chunk: ChunkId) -> Result<(), FsError> {
+        let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+        let paths = self.paths(chunk);
+        let what = || format!("sync chunk {chunk}");
+        for (path, data_only) in [(&paths.data, true), (&paths.header, false)] {
+            match File::open(path) {
+                Ok(f) if data_only => f.sync_data().map_err(|e| io_err(what(), e))?,
+                Ok(f) => f.sync_all().map_err(|e| io_err(what(), e))?,
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(what(), e)),
+            }
+        }
+        match File::open(&paths.dir) {
+            Ok(d) => d.sync_all().map_err(|e| io_err(what(), e)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(what(), e)),
+        }
+    }
+
+    /// Every chunk held, with its version (0 for a damaged header, so that a resync
+    /// replaces it).
+    pub fn list(&self) -> Result<Vec<(ChunkId, u64)>, FsError> {
+        let mut out = Vec::new();
+        let what = |p: &Path| format!("list {}", p.display());
+        let fans =
+            std::fs::read_dir(&self.chunks_dir).map_err(|e| io_err(what(&self.chunks_dir), e))?;
+        for fan in fans {
+            let fan = fan.map_err(|e| io_err(what(&self.chunks_dir), e))?.path();
+            if !fan.is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(&fan).map_err(|e| io_err(what(&fan), e))? {
+                let name = entry.map_err(|e| io_err(what(&fan), e))?.file_name();
+                let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".meta")) else {
+                    continue;
+                };
+                let Ok(chunk) = id.parse::<ChunkId>() else { continue };
+                let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+                match self.load(chunk)? {
+                    Local::Absent => {}
+                    local => out.push((chunk, local.version())),
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Bytes the store's filesystem holds in all, and bytes not available to it.
+    pub fn usage(&self) -> Result<(u64, u64), FsError> {
+        let path = std::ffi::CString::new(self.chunks_dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| FsError::Invalid("data directory path has a NUL byte".into()))?;
+        // SAFETY: statvfs writes only into `st`, and `path` is a valid C string.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return Err(io_err("statvfs the chunk store".into(), std::io::Error::last_os_error()));
+        }
+        let frsize = st.f_frsize as u64;
+        let capacity = st.f_blocks as u64 * frsize;
+        let available = st.f_bavail as u64 * frsize;
+        Ok((capacity, capacity.saturating_sub(available)))
+    }
+
+    fn load(&self, chunk: ChunkId) -> Result<Local, FsError> {
+        let path = self.paths(chunk).header;
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(match Header::decode(&bytes, chunk) {
+                Ok(h) => Local::Present(h),
+                Err(detail) => Local::Corrupt(format!("{}: {detail}", path.display())),
+            }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Local::Absent),
+            Err(e) => Err(io_err(format!("read {}", path.display()), e)),
+        }
+    }
+
+    /// Reads `[offset, offset + len)` clipped to the chunk, checking every block.
+    fn read_verified(
+        &self,
+        chunk: ChunkId,
+        header: &Header,
+        offset: u32,
+        len: u32,
+    ) -> Result<Vec<u8>, FsError> {
+        let chunk_len = header.len as usize;
+        let offset = offset as usize;
+        let end = (offset + len as usize).min(chunk_len);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let start = offset / BLOCK * BLOCK;
+        let stop = (end.div_ceil(BLOCK) * BLOCK).min(chunk_len);
+        let mut buf = vec![0u8; stop - start];
+        let file = open_data(&self.paths(chunk), false)?;
+        read_at(&file, chunk, &mut buf, start)?;
+        for (i, block) in buf.chunks(BLOCK).enumerate() {
+            check_block(chunk, header, start / BLOCK + i, block)?;
+        }
+        buf.truncate(end - start);
+        buf.drain(..offset - start);
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset` into the data file and updates `header`'s length and
+    /// CRCs. Whole blocks are written: partial blocks at either end are read (and
+    /// checked) first, and the gap between the old end and `offset` is written as zeros,
+    /// so that a hole never depends on what a crashed earlier write left past the end.
+    fn write_blocks(
+        &self,
+        paths: &Paths,
+        header: &mut Header,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), FsError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let chunk = header.chunk;
+        let old_len = header.len as usize;
+        let end = offset + data.len();
+        let new_len = old_len.max(end);
+        let start = offset.min(old_len) / BLOCK * BLOCK;
+        let stop = (end.div_ceil(BLOCK) * BLOCK).min(new_len);
+        let mut buf = vec![0u8; stop - start];
+        std::fs::create_dir_all(&paths.dir)
+            .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
+        let file = open_data(paths, true)?;
+        let mut edges = vec![start / BLOCK, (stop - 1) / BLOCK];
+        edges.dedup();
+        for block in edges {
+            let block_start = block * BLOCK;
+            let old_stop = (block_start + BLOCK).min(old_len);
+            let overwritten = offset <= block_start && end >= (block_start + BLOCK).min(new_len);
+            if block_start >= old_len || overwritten {
+                continue;
+            }
+            let old = &mut buf[block_start - start..old_stop - start];
+            read_at(&file, chunk, old, block_start)?;
+            check_block(chunk, header, block, old)?;
+        }
+        buf[offset - start..end - start].copy_from_slice(data);
+        file.write_all_at(&buf, start as u64).map_err(|e| io_err(format!("write {chunk}"), e))?;
+        header.crcs.resize(new_len.div_ceil(BLOCK), 0);
+        for (i, block) in buf.chunks(BLOCK).enumerate() {
+            header.crcs[start / BLOCK + i] = crc32c::crc32c(block);
+        }
+        header.len = new_len as u32;
+        Ok(())
+    }
+
+    /// Shortens `header` to `new_len` (> 0), re-checksumming the new last block.
+    fn shrink_header(
+        &self,
+        chunk: ChunkId,
+        paths: &Paths,
+        header: &mut Header,
+        new_len: usize,
+    ) -> Result<(), FsError> {
+        let last = (new_len - 1) / BLOCK;
+        let block_start = last * BLOCK;
+        if new_len % BLOCK != 0 {
+            let old_stop = (block_start + BLOCK).min(header.len as usize);
+            let mut old = vec![0u8; old_stop - block_start];
+            read_at(&open_data(paths, false)?, chunk, &mut old, block_start)?;
+            check_block(chunk, header, last, &old)?;
+            header.crcs[last] = crc32c::crc32c(&old[..new_len - block_start]);
+        }
+        header.crcs.truncate(last + 1);
+        header.len = new_len as u32;
+        Ok(())
+    }
+}
+
+fn check_extent(chunk: ChunkId, end: u64) -> Result<(), FsError> {
+    if end > u64::from(CHUNK_LEN_MAX) {
+        return Err(FsError::Invalid(format!(
+            "chunk {chunk}: extent ends at {end}, past the largest chunk ({CHUNK_LEN_MAX} bytes)"
+        )));
+    }
+    Ok(())
+}
+
+fn check_block(chunk: ChunkId, header: &Header, block: usize, bytes: &[u8]) -> Result<(), FsError> {
+    let stored = header.crcs.get(block).copied();
+    let actual = crc32c::crc32c(bytes);
+    if stored != Some(actual) {
+        return Err(FsError::Checksum(format!(
+            "chunk {chunk} block {block}: header says {stored:08x?}, data has {actual:08x}"
+        )));
+    }
+    Ok(())
+}
+
+fn open_data(paths: &Paths, create: bool) -> Result<File, FsError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(&paths.data)
+        .map_err(|e| match e.kind() {
+            // The header exists but the data does not: that is damage, not a hole.
+            ErrorKind::NotFound => {
+                FsError::Checksum(format!("{} is missing", paths.data.display()))
+            }
+            _ => io_err(format!("open {}", paths.data.display()), e),
+        })
+}
+
+fn read_at(file: &File, chunk: ChunkId, buf: &mut [u8], at: usize) -> Result<(), FsError> {
+    file.read_exact_at(buf, at as u64).map_err(|e| match e.kind() {
+        ErrorKind::UnexpectedEof => {
+            FsError::Checksum(format!("chunk {chunk}: data file is shorter than its header says"))
+        }
+        _ => io_err(format!("read {chunk}"), e),
+    })
+}
+
+fn save_header(paths: &Paths, header: &Header) -> Result<(), FsError> {
+    let tmp = paths.header.with_extension("meta.tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&header.encode())?;
+        std::fs::rename(&tmp, &paths.header)
+    };
+    write().map_err(|e| io_err(format!("write {}", paths.header.display()), e))
+}
+
+/// Removes the header first: from then on the chunk does not exist, whatever happens to
+/// the data file.
+fn remove_files(paths: &Paths) -> Result<(), FsError> {
+    for path in [&paths.header, &paths.data] {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(format!("remove {}", path.display()), e)),
+        }
+    }
+    Ok(())
+}
+
+/// An I/O error with what was being done ("verb object"); ENOSPC stays `NoSpace`.
+fn io_err(what: String, e: std::io::Error) -> FsError {
+    match FsError::from(e) {
+        FsError::Io(detail) => FsError::Io(format!("{what}: {detail}")),
+        other => other,
+    }
+}

@@ -1,0 +1,209 @@
+use super::*;
+use stoa_types::InodeId;
+
+fn id(index: u64) -> ChunkId {
+    ChunkId { ino: InodeId(0x42), index }
+}
+
+fn engine() -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path()).unwrap();
+    (dir, engine)
+}
+
+/// Flips one byte of the chunk's data file on disk.
+fn flip_data_byte(engine: &Engine, chunk: ChunkId, at: u64) {
+    let file = OpenOptions::new().read(true).write(true).open(engine.paths(chunk).data).unwrap();
+    let mut b = [0u8; 1];
+    file.read_exact_at(&mut b, at).unwrap();
+    file.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+}
+
+#[test]
+fn a_write_reads_back_and_a_missing_chunk_reads_empty() {
+    let (_d, e) = engine();
+    assert_eq!(e.read(id(0), 0, 100).unwrap(), Vec::<u8>::new());
+    let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+    assert_eq!(e.write(id(0), 0, &data, None).unwrap(), Outcome::Applied(1));
+    assert_eq!(e.read(id(0), 0, 20_000).unwrap(), data);
+    assert_eq!(e.read(id(0), 4090, 20).unwrap(), &data[4090..4110]);
+    assert_eq!(e.read(id(0), 10_000, 5).unwrap(), Vec::<u8>::new());
+    assert_eq!(e.fetch(id(0)).unwrap(), (1, data));
+    assert_eq!(e.list().unwrap(), vec![(id(0), 1)]);
+}
+
+#[test]
+fn partial_block_writes_keep_their_neighbours() {
+    let (_d, e) = engine();
+    let mut model = vec![7u8; 9000];
+    e.write(id(1), 0, &model, None).unwrap();
+    for (offset, len, byte) in
+        [(100usize, 10usize, 1u8), (4090, 12, 2), (8999, 1, 3), (5000, 3000, 4)]
+    {
+        e.write(id(1), offset as u32, &vec![byte; len], None).unwrap();
+        model[offset..offset + len].fill(byte);
+        assert_eq!(e.read(id(1), 0, 9000).unwrap(), model);
+    }
+    assert_eq!(e.version(id(1)).unwrap(), 5);
+}
+
+#[test]
+fn a_write_past_the_end_leaves_a_hole_of_zeros() {
+    let (_d, e) = engine();
+    e.write(id(2), 0, b"abc", None).unwrap();
+    e.write(id(2), 10_000, b"xyz", None).unwrap();
+    let all = e.read(id(2), 0, 20_000).unwrap();
+    assert_eq!(all.len(), 10_003);
+    assert_eq!(&all[..3], b"abc");
+    assert!(all[3..10_000].iter().all(|&b| b == 0));
+    assert_eq!(&all[10_000..], b"xyz");
+    // A hole at the start of a new chunk, too.
+    e.write(id(3), 5000, b"q", None).unwrap();
+    let all = e.read(id(3), 0, 6000).unwrap();
+    assert_eq!(all.len(), 5001);
+    assert!(all[..5000].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn truncate_shrinks_extends_and_removes() {
+    let (dir, e) = engine();
+    e.write(id(4), 0, &vec![9u8; 10_000], None).unwrap();
+    assert_eq!(e.truncate(id(4), 5000, None).unwrap(), Outcome::Applied(2));
+    assert_eq!(e.read(id(4), 0, 20_000).unwrap(), vec![9u8; 5000]);
+    // Bytes past a truncation come back as zeros when the chunk grows again.
+    e.truncate(id(4), 6000, None).unwrap();
+    let all = e.read(id(4), 0, 20_000).unwrap();
+    assert_eq!(&all[..5000], &vec![9u8; 5000][..]);
+    assert!(all[5000..].iter().all(|&b| b == 0) && all.len() == 6000);
+    e.write(id(4), 7000, b"z", None).unwrap();
+    assert!(e.read(id(4), 5000, 2000).unwrap().iter().all(|&b| b == 0));
+    assert_eq!(e.truncate(id(4), 0, None).unwrap(), Outcome::Applied(5));
+    assert_eq!(e.read(id(4), 0, 10).unwrap(), Vec::<u8>::new());
+    assert_eq!(e.version(id(4)).unwrap(), 0);
+    assert!(e.list().unwrap().is_empty());
+    let files: Vec<_> = walk(dir.path().join("chunks"));
+    assert!(files.is_empty(), "left behind: {files:?}");
+    assert_eq!(e.truncate(id(4), 0, None).unwrap(), Outcome::Skipped(0));
+}
+
+fn walk(dir: PathBuf) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for fan in std::fs::read_dir(dir).unwrap() {
+        for f in std::fs::read_dir(fan.unwrap().path()).unwrap() {
+            out.push(f.unwrap().path());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_flipped_byte_on_disk_is_a_checksum_error() {
+    let (_d, e) = engine();
+    e.write(id(5), 0, &vec![1u8; 12_000], None).unwrap();
+    flip_data_byte(&e, id(5), 5000);
+    assert!(
+        matches!(e.read(id(5), 4096, 10), Err(FsError::Checksum(ref m)) if m.contains("block 1"))
+    );
+    // Blocks that were not touched still read.
+    assert_eq!(e.read(id(5), 0, 4096).unwrap(), vec![1u8; 4096]);
+    assert!(e.read(id(5), 8192, 100).is_ok());
+    assert!(matches!(e.verify(id(5)), Err(FsError::Checksum(_))));
+    // A head write over the damaged block's neighbourhood refuses to checksum garbage in.
+    assert!(matches!(e.write(id(5), 5001, b"x", None), Err(FsError::Checksum(_))));
+    // A successor asks for the whole chunk instead.
+    assert_eq!(e.write(id(5), 5001, b"x", Some(2)), Err(FsError::Stale));
+    // Installing a good copy repairs it.
+    e.install(id(5), 2, &vec![1u8; 12_000], false).unwrap();
+    e.verify(id(5)).unwrap();
+}
+
+#[test]
+fn a_corrupt_header_is_a_clear_error_not_a_panic() {
+    let (_d, e) = engine();
+    e.write(id(6), 0, b"hello", None).unwrap();
+    let header = e.paths(id(6)).header;
+    let mut bytes = std::fs::read(&header).unwrap();
+    bytes[30] ^= 0xff;
+    std::fs::write(&header, &bytes).unwrap();
+    let err = e.read(id(6), 0, 5).unwrap_err();
+    assert!(matches!(err, FsError::Checksum(ref m) if m.contains("header crc")), "{err:?}");
+    assert!(matches!(e.version(id(6)), Err(FsError::Checksum(_))));
+    // Listed as version 0, so that a resync replaces it; a successor asks for a copy.
+    assert_eq!(e.list().unwrap(), vec![(id(6), 0)]);
+    assert_eq!(e.write(id(6), 0, b"x", Some(2)), Err(FsError::Stale));
+    std::fs::write(&header, b"short").unwrap();
+    assert!(
+        matches!(e.read(id(6), 0, 5), Err(FsError::Checksum(ref m)) if m.contains("too short"))
+    );
+    e.install(id(6), 3, b"fixed", false).unwrap();
+    assert_eq!(e.read(id(6), 0, 5).unwrap(), b"fixed");
+}
+
+#[test]
+fn versions_apply_in_order_skip_repeats_and_refuse_gaps() {
+    let (_d, e) = engine();
+    assert_eq!(e.write(id(7), 0, b"a", Some(1)).unwrap(), Outcome::Applied(1));
+    assert_eq!(e.write(id(7), 0, b"b", Some(1)).unwrap(), Outcome::Skipped(1));
+    assert_eq!(e.read(id(7), 0, 1).unwrap(), b"a");
+    assert_eq!(e.write(id(7), 0, b"c", Some(3)), Err(FsError::Stale));
+    assert_eq!(e.truncate(id(7), 1, Some(3)), Err(FsError::Stale));
+    assert_eq!(e.write(id(7), 1, b"d", Some(2)).unwrap(), Outcome::Applied(2));
+    assert_eq!(e.write(id(7), 0, b"e", None).unwrap(), Outcome::Applied(3));
+    // Install replaces only older copies, unless forced.
+    assert_eq!(e.install(id(7), 3, b"zz", false).unwrap(), Outcome::Skipped(3));
+    assert_eq!(e.install(id(7), 5, b"zz", false).unwrap(), Outcome::Applied(5));
+    assert_eq!(e.install(id(7), 2, b"old", true).unwrap(), Outcome::Applied(2));
+    assert_eq!(e.fetch(id(7)).unwrap(), (2, b"old".to_vec()));
+    assert_eq!(e.install(id(7), 0, b"", true).unwrap(), Outcome::Applied(0));
+    assert_eq!(e.version(id(7)).unwrap(), 0);
+    // Removal needs no earlier state, so it crosses a gap.
+    e.write(id(8), 0, b"a", None).unwrap();
+    assert_eq!(e.truncate(id(8), 0, Some(9)).unwrap(), Outcome::Applied(9));
+    assert_eq!(e.truncate(id(8), 0, Some(9)).unwrap(), Outcome::Skipped(0));
+}
+
+#[test]
+fn extents_past_the_largest_chunk_are_refused() {
+    let (_d, e) = engine();
+    assert!(matches!(e.write(id(9), CHUNK_LEN_MAX, b"x", None), Err(FsError::Invalid(_))));
+    assert!(matches!(e.truncate(id(9), CHUNK_LEN_MAX + 1, None), Err(FsError::Invalid(_))));
+}
+
+#[test]
+fn an_unclean_stop_is_noticed_and_sync_and_usage_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(dir.path()).unwrap();
+    assert!(!e.opened_dirty());
+    e.write(id(10), 0, b"data", None).unwrap();
+    e.sync(id(10)).unwrap();
+    e.sync(id(11)).unwrap();
+    let (capacity, used) = e.usage().unwrap();
+    assert!(capacity > 0 && used <= capacity);
+    drop(e);
+    let e = Engine::open(dir.path()).unwrap();
+    assert!(e.opened_dirty(), "no clean close happened");
+    e.close_clean().unwrap();
+    drop(e);
+    let e = Engine::open(dir.path()).unwrap();
+    assert!(!e.opened_dirty());
+    assert_eq!(e.read(id(10), 0, 10).unwrap(), b"data");
+}
+
+#[test]
+fn different_chunks_are_written_in_parallel_safely() {
+    let (_d, e) = engine();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let e = &e;
+            s.spawn(move || {
+                for i in 0..50u32 {
+                    e.write(id(100 + t), i * 100, &[t as u8; 100], None).unwrap();
+                }
+            });
+        }
+    });
+    for t in 0..4u64 {
+        assert_eq!(e.read(id(100 + t), 0, 1 << 20).unwrap(), vec![t as u8; 5000]);
+        assert_eq!(e.version(id(100 + t)).unwrap(), 50);
+    }
+}

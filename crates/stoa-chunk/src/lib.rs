@@ -1,0 +1,5 @@
+//! Temporary.
+mod datadir;
+pub mod engine;
+mod error;
+pub use error::ChunkError;
