@@ -1,0 +1,192 @@
+//! Chunk servers and the chain table: registration, the first chains, a server leaving
+//! its chains when it goes silent, rejoining them as a syncing member when it returns,
+//! and becoming a full member once it has caught up.
+//!
+//! ```text
+//!  register --(>= replicas servers, no chains)--> chain i = servers i, i+1, ... (R of them)
+//!  member --ChunkServerDown--> out --ChunkServerUp--> syncing --ChunkSynced--> member (tail)
+//! ```
+//!
+//! Every change bumps the changed chain's version and the table's version; chunk servers
+//! refuse requests that carry another chain version.
+
+use super::cluster::FIRST_CHUNK_SERVER_ID;
+use crate::kv::{KvRead, KvWrite, Table};
+use crate::store::{
+    self, counter, load_chains, load_cluster, node_key, save_chains, set_counter,
+    ChunkServerRecord, Counter,
+};
+use std::net::SocketAddr;
+use stoa_proto::MetaResponse;
+use stoa_types::{Chain, ChainId, ChunkNode, ClusterId, FsError, NodeId};
+
+/// What a chunk server says when it announces itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Registration<'a> {
+    pub node: Option<NodeId>,
+    pub cluster: Option<ClusterId>,
+    pub addr: SocketAddr,
+    pub zone: &'a str,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// Every registered chunk server, in registration (id) order.
+pub fn chunk_servers(kv: &impl KvRead) -> Result<Vec<ChunkServerRecord>, FsError> {
+    let rows = kv.scan(Table::ChunkServers, &[], None, usize::MAX)?;
+    rows.iter().map(|(k, v)| store::decode(Table::ChunkServers, k, v)).collect()
+}
+
+pub(crate) fn register(kv: &mut impl KvWrite, reg: Registration) -> Result<MetaResponse, FsError> {
+    let info = load_cluster(kv)?;
+    if let Some(theirs) = reg.cluster.filter(|c| *c != info.cluster) {
+        return Err(FsError::WrongCluster {
+            expected: info.cluster.to_string(),
+            got: theirs.to_string(),
+        });
+    }
+    let id = match reg.node {
+        None => NodeId(store::take_next(kv, Counter::NextNode)?),
+        Some(id) if id.0 < FIRST_CHUNK_SERVER_ID => {
+            return Err(FsError::Invalid(format!(
+                "chunk server id {id} is in the meta replicas' range 1..{FIRST_CHUNK_SERVER_ID}"
+            )));
+        }
+        Some(id) => {
+            // A server this state machine never gave an id (its registration was lost
+            // with a restored backup, say) keeps its id; later ids must not collide.
+            if counter(kv, Counter::NextNode)? <= id.0 {
+                set_counter(kv, Counter::NextNode, id.0 + 1)?;
+            }
+            id
+        }
+    };
+    let rec = ChunkServerRecord {
+        id,
+        addr: reg.addr,
+        zone: reg.zone.to_string(),
+        capacity_bytes: reg.capacity_bytes,
+        used_bytes: reg.used_bytes,
+    };
+    store::put(kv, Table::ChunkServers, &node_key(id), &rec)?;
+    let mut table = load_chains(kv)?;
+    let mut changed = match table.nodes.iter_mut().find(|n| n.id == id) {
+        Some(node) if node.addr == reg.addr => false,
+        Some(node) => {
+            node.addr = reg.addr;
+            true
+        }
+        None => {
+            table.nodes.push(ChunkNode { id, addr: reg.addr });
+            true
+        }
+    };
+    if table.chains.is_empty() {
+        table.chains = first_chains(&chunk_servers(kv)?, info.replicas);
+        changed |= !table.chains.is_empty();
+    }
+    if changed {
+        table.version += 1;
+        save_chains(kv, &table)?;
+    }
+    Ok(MetaResponse::Registered { node: id, cluster: info.cluster })
+}
+
+/// One chain per server once there are enough servers: chain i is `replicas` servers
+/// starting at server i in registration order, so every server heads one chain and the
+/// load spreads evenly.
+fn first_chains(servers: &[ChunkServerRecord], replicas: u8) -> Vec<Chain> {
+    let (n, r) = (servers.len(), usize::from(replicas));
+    if n < r {
+        return Vec::new();
+    }
+    (0..n)
+        .map(|i| Chain {
+            id: ChainId(i as u32),
+            version: 1,
+            members: (0..r).map(|j| servers[(i + j) % n].id).collect(),
+            syncing: Vec::new(),
+        })
+        .collect()
+}
+
+/// Applies `change` to every chain; bumps the version of each chain it changed and of
+/// the table if any changed.
+fn change_chains(
+    kv: &mut impl KvWrite,
+    mut change: impl FnMut(&mut Chain) -> bool,
+) -> Result<(), FsError> {
+    let mut table = load_chains(kv)?;
+    let mut changed = false;
+    for chain in &mut table.chains {
+        if change(chain) {
+            chain.version += 1;
+            changed = true;
+        }
+    }
+    if changed {
+        table.version += 1;
+        save_chains(kv, &table)?;
+    }
+    Ok(())
+}
+
+/// Takes a silent server out of every chain, except where it is the last member: a
+/// chain with no member could not serve its chunks at all.
+pub(crate) fn server_down(kv: &mut impl KvWrite, node: NodeId) -> Result<MetaResponse, FsError> {
+    change_chains(kv, |chain| {
+        let syncing = chain.syncing.len();
+        chain.syncing.retain(|&n| n != node);
+        let mut changed = chain.syncing.len() != syncing;
+        if chain.members.len() > 1 && chain.members.contains(&node) {
+            chain.members.retain(|&n| n != node);
+            changed = true;
+        }
+        changed
+    })?;
+    Ok(MetaResponse::Done)
+}
+
+/// Adds a returning server as a syncing member of every chain that is short of replicas
+/// and does not hold it already.
+pub(crate) fn server_up(kv: &mut impl KvWrite, node: NodeId) -> Result<MetaResponse, FsError> {
+    let replicas = usize::from(load_cluster(kv)?.replicas);
+    if kv.get(Table::ChunkServers, &node_key(node))?.is_none() {
+        return Err(FsError::NotFound);
+    }
+    change_chains(kv, |chain| {
+        let short = chain.write_path().count() < replicas;
+        let add = short && !chain.write_path().any(|n| n == node);
+        if add {
+            chain.syncing.push(node);
+        }
+        add
+    })?;
+    Ok(MetaResponse::Done)
+}
+
+/// A syncing server of `chain` has caught up: it becomes the chain's tail. Refused with
+/// `StaleChain` when the chain changed since the server started syncing.
+pub(crate) fn synced(
+    kv: &mut impl KvWrite,
+    node: NodeId,
+    chain: ChainId,
+    chain_version: u64,
+) -> Result<MetaResponse, FsError> {
+    let current = load_chains(kv)?
+        .chain(chain)
+        .map(|c| (c.version, c.syncing.contains(&node)))
+        .ok_or_else(|| FsError::Invalid(format!("there is no chain {chain}")))?;
+    if current != (chain_version, true) {
+        return Err(FsError::StaleChain { got: chain_version, current: current.0 });
+    }
+    change_chains(kv, |c| {
+        let promote = c.id == chain;
+        if promote {
+            c.syncing.retain(|&n| n != node);
+            c.members.push(node);
+        }
+        promote
+    })?;
+    Ok(MetaResponse::Done)
+}

@@ -1,0 +1,119 @@
+//! Unlink, Rmdir and Purge, and what happens to an inode whose last name goes: it stays
+//! as an orphan while a client has it open, then its chunks become garbage for the
+//! leader to delete.
+//!
+//! ```text
+//!  unlink -> nlink 0 --open--> orphans --Purge--> garbage --GarbageCollected--> gone
+//!                    \--------- not open ---------/
+//! ```
+
+use super::{touch_dir, valid_name};
+use crate::kv::{KvWrite, Table};
+use crate::store::{
+    self, count_files, delete_dentry, delete_prefix, dir_is_empty, find_dentry, ino_key, load_dir,
+    load_inode, save_inode, Dentry, InodeRec,
+};
+use stoa_proto::MetaResponse;
+use stoa_types::{FileKind, FsError, InodeId, Timestamp};
+
+pub(crate) fn unlink(
+    kv: &mut impl KvWrite,
+    parent: InodeId,
+    name: &[u8],
+    open: bool,
+    now: Timestamp,
+) -> Result<MetaResponse, FsError> {
+    load_dir(kv, parent)?;
+    let name = valid_name(name)?;
+    let dentry = find_dentry(kv, parent, name)?.ok_or(FsError::NotFound)?;
+    if dentry.kind == FileKind::Dir {
+        return Err(FsError::IsDir);
+    }
+    delete_dentry(kv, parent, name)?;
+    drop_link(kv, dentry.ino, open, now)?;
+    touch_dir(kv, parent, 0, now)?;
+    Ok(MetaResponse::Done)
+}
+
+pub(crate) fn rmdir(
+    kv: &mut impl KvWrite,
+    parent: InodeId,
+    name: &[u8],
+    now: Timestamp,
+) -> Result<MetaResponse, FsError> {
+    load_dir(kv, parent)?;
+    let name = valid_name(name)?;
+    let dentry = find_dentry(kv, parent, name)?.ok_or(FsError::NotFound)?;
+    remove_empty_dir(kv, dentry)?;
+    delete_dentry(kv, parent, name)?;
+    touch_dir(kv, parent, -1, now)?;
+    Ok(MetaResponse::Done)
+}
+
+/// Deletes the directory `dentry` points at, which must be empty. The caller removes the
+/// entry and updates the parent.
+pub(crate) fn remove_empty_dir(kv: &mut impl KvWrite, dentry: Dentry) -> Result<(), FsError> {
+    if dentry.kind != FileKind::Dir {
+        return Err(FsError::NotDir);
+    }
+    if !dir_is_empty(kv, dentry.ino)? {
+        return Err(FsError::NotEmpty);
+    }
+    let rec = load_inode(kv, dentry.ino)?;
+    release(kv, &rec)
+}
+
+/// Takes one link from `ino`. When none is left, the inode becomes an orphan if a client
+/// has it `open`, and is released otherwise.
+pub(crate) fn drop_link(
+    kv: &mut impl KvWrite,
+    ino: InodeId,
+    open: bool,
+    now: Timestamp,
+) -> Result<(), FsError> {
+    let mut rec = load_inode(kv, ino)?;
+    rec.attr.nlink = rec.attr.nlink.saturating_sub(1);
+    rec.attr.ctime = now;
+    if rec.attr.nlink > 0 || open {
+        save_inode(kv, &mut rec)?;
+        if rec.attr.nlink == 0 {
+            store::put(kv, Table::Orphans, &ino_key(ino), &())?;
+        }
+        return Ok(());
+    }
+    release(kv, &rec)
+}
+
+/// Deletes an inode that has no names and no openers. A regular file's size moves to the
+/// garbage table, so that the leader deletes its chunks; nothing else has chunks.
+fn release(kv: &mut impl KvWrite, rec: &InodeRec) -> Result<(), FsError> {
+    let key = ino_key(rec.attr.ino);
+    kv.delete(Table::Inodes, &key)?;
+    kv.delete(Table::Orphans, &key)?;
+    kv.delete(Table::Symlinks, &key)?;
+    delete_prefix(kv, Table::Xattrs, &key)?;
+    if rec.attr.kind == FileKind::File {
+        store::put(kv, Table::Garbage, &key, &rec.attr.size)?;
+    }
+    count_files(kv, -1)
+}
+
+/// The last opener of an orphan closed it: release it. Anything else is left alone, so
+/// a repeated or late purge is harmless.
+pub(crate) fn purge(kv: &mut impl KvWrite, ino: InodeId) -> Result<MetaResponse, FsError> {
+    if kv.get(Table::Orphans, &ino_key(ino))?.is_none() {
+        return Ok(MetaResponse::Done);
+    }
+    match store::find_inode(kv, ino)? {
+        Some(rec) if rec.attr.nlink == 0 => release(kv, &rec)?,
+        // Still linked (or already gone): it is no orphan any more.
+        _ => kv.delete(Table::Orphans, &ino_key(ino))?,
+    }
+    Ok(MetaResponse::Done)
+}
+
+/// The leader deleted the chunks of `ino`: forget it.
+pub(crate) fn collected(kv: &mut impl KvWrite, ino: InodeId) -> Result<MetaResponse, FsError> {
+    kv.delete(Table::Garbage, &ino_key(ino))?;
+    Ok(MetaResponse::Done)
+}
