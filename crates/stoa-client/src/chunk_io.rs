@@ -1,0 +1,202 @@
+//! Calls to chunk servers, with failover and retries.
+//!
+//! ```text
+//!  write / truncate / sync --> chain head ----------------+
+//!  read ---------------------> any member (rotating) -----+--> retry hint or no chain?
+//!        on error or checksum: the next member            |    refresh the chain table,
+//!                                                         |    back off, try again
+//!                                                         +--> after ~30 s: EIO
+//! ```
+//!
+//! Writes carry no version: the head assigns it. A write retried after a lost reply
+//! writes the same bytes at the same place again, which leaves the chunk as the first
+//! attempt did.
+
+use crate::chains::ChainCache;
+use crate::session::Session;
+use bytes::Bytes;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stoa_net::Pool;
+use stoa_proto::{ChunkOp, ChunkRequest, ChunkResponse, Request, Response};
+use stoa_types::{Chain, ChainTable, ChunkId, FsError};
+
+/// How long a chunk call keeps retrying before the application sees EIO.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// How long one attempt at one server may take (a whole chunk through a whole chain).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const BACKOFF_FIRST: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+pub(crate) struct ChunkIo {
+    pool: Pool,
+    session: Arc<Session>,
+    chains: ChainCache,
+    /// Rotates the first replica tried, so reads spread over a chain.
+    spread: AtomicUsize,
+}
+
+impl ChunkIo {
+    pub fn new(pool: Pool, session: Arc<Session>, chains: ChainCache) -> ChunkIo {
+        ChunkIo { pool, session, chains, spread: AtomicUsize::new(0) }
+    }
+
+    /// Writes `data` at `offset` of `chunk`, through its whole chain.
+    pub async fn write(&self, chunk: ChunkId, offset: u32, data: Bytes) -> Result<(), FsError> {
+        let op = ChunkOp::Write { chunk, offset, version: None };
+        self.to_head("write", chunk, op, data).await.map(|_| ())
+    }
+
+    /// Cuts `chunk` to `len` bytes (0 removes it). A chunk that was never written is
+    /// already as short as asked.
+    pub async fn truncate(&self, chunk: ChunkId, len: u32) -> Result<(), FsError> {
+        let op = ChunkOp::Truncate { chunk, len, version: None };
+        match self.to_head("truncate", chunk, op, Bytes::new()).await {
+            Ok(_) | Err(FsError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes earlier writes to `chunks` durable on every replica: one Sync per chain, to
+    /// its head, which passes it down the chain.
+    pub async fn sync(&self, chunks: &[ChunkId]) -> Result<(), FsError> {
+        let table = self.chains.current();
+        let mut by_chain: std::collections::BTreeMap<u32, Vec<ChunkId>> = Default::default();
+        for &chunk in chunks {
+            let chain = table.chain_for(chunk).map_or(u32::MAX, |c| c.id.0);
+            by_chain.entry(chain).or_default().push(chunk);
+        }
+        for group in by_chain.into_values() {
+            let op = ChunkOp::Sync { chunks: group.clone() };
+            self.to_head("sync", group[0], op, Bytes::new()).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads up to `len` bytes at `offset` of `chunk`. The answer is shorter where the
+    /// chunk ends first; a chunk never written reads as empty.
+    pub async fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Bytes, FsError> {
+        let op = ChunkOp::Read { chunk, offset, len };
+        self.retrying("read", chunk, |table| self.read_any(table, chunk, op.clone())).await
+    }
+
+    async fn read_any(
+        &self,
+        table: Arc<ChainTable>,
+        chunk: ChunkId,
+        op: ChunkOp,
+    ) -> Result<Bytes, FsError> {
+        let chain = chain_of(&table, chunk)?;
+        let members = &chain.members;
+        if members.is_empty() {
+            return Err(FsError::Unavailable(format!("chain {} has no members", chain.id)));
+        }
+        let start = self.spread.fetch_add(1, Ordering::Relaxed);
+        let mut worst: Option<FsError> = None;
+        for i in 0..members.len() {
+            let node = members[(start + i) % members.len()];
+            match self.call(&table, chain, node, op.clone(), Bytes::new()).await {
+                Ok((ChunkResponse::Data, payload)) => return Ok(payload),
+                Ok((other, _)) => {
+                    worst = Some(FsError::Protocol(format!("read answered {other:?}")));
+                }
+                Err(FsError::NotFound) => return Ok(Bytes::new()),
+                Err(e) => {
+                    tracing::debug!("read of {chunk} from {node} failed: {e}; trying another");
+                    // Keep a retry hint over a final error, so the caller retries.
+                    if worst.as_ref().is_none_or(|w| !is_transient(w)) {
+                        worst = Some(e);
+                    }
+                }
+            }
+        }
+        Err(worst.unwrap_or_else(|| FsError::Unavailable("no replica answered".into())))
+    }
+
+    async fn to_head(
+        &self,
+        what: &str,
+        chunk: ChunkId,
+        op: ChunkOp,
+        payload: Bytes,
+    ) -> Result<ChunkResponse, FsError> {
+        self.retrying(what, chunk, |table| {
+            let (op, payload) = (op.clone(), payload.clone());
+            async move {
+                let chain = chain_of(&table, chunk)?;
+                let head = *chain.members.first().ok_or_else(|| {
+                    FsError::Unavailable(format!("chain {} has no members", chain.id))
+                })?;
+                self.call(&table, chain, head, op, payload).await.map(|(resp, _)| resp)
+            }
+        })
+        .await
+    }
+
+    async fn call(
+        &self,
+        table: &ChainTable,
+        chain: &Chain,
+        node: stoa_types::NodeId,
+        op: ChunkOp,
+        payload: Bytes,
+    ) -> Result<(ChunkResponse, Bytes), FsError> {
+        let addr = table
+            .addr(node)
+            .ok_or_else(|| FsError::Unavailable(format!("chunk server {node} has no address")))?;
+        let req =
+            Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+        match self.pool.call(addr, &req, payload, CALL_TIMEOUT).await? {
+            (Response::Chunk(resp), payload) => Ok((resp, payload)),
+            (other, _) => Err(FsError::Protocol(format!("chunk server {addr} answered {other:?}"))),
+        }
+    }
+
+    /// Runs `attempt` against the current chain table until it succeeds, fails for good,
+    /// or the deadline passes; between attempts the table is refreshed from meta.
+    async fn retrying<T, F, Fut>(
+        &self,
+        what: &str,
+        chunk: ChunkId,
+        attempt: F,
+    ) -> Result<T, FsError>
+    where
+        F: Fn(Arc<ChainTable>) -> Fut,
+        Fut: Future<Output = Result<T, FsError>>,
+    {
+        let started = Instant::now();
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            let table = self.chains.current();
+            let err = match attempt(table.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(e) if is_transient(&e) => e,
+                Err(e) => return Err(e),
+            };
+            if started.elapsed() + backoff > DEADLINE {
+                tracing::warn!("{what} of {chunk} gave up after {:?}: {err}", started.elapsed());
+                return Err(FsError::Io(format!("{what} of chunk {chunk}: {err}")));
+            }
+            tracing::debug!("{what} of {chunk} failed ({err}); refreshing chains and retrying");
+            if let Err(e) = self.chains.refresh(&self.session, table.version).await {
+                tracing::debug!("refreshing the chain table failed: {e}");
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+}
+
+fn chain_of(table: &ChainTable, chunk: ChunkId) -> Result<&Chain, FsError> {
+    table
+        .chain_for(chunk)
+        .ok_or_else(|| FsError::Unavailable("no chains yet: no chunk servers registered".into()))
+}
+
+/// Errors worth another attempt: retry hints, and a checksum mismatch on every replica
+/// tried (a repair may fix it).
+fn is_transient(e: &FsError) -> bool {
+    e.is_retryable() || matches!(e, FsError::Checksum(_))
+}

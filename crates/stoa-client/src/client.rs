@@ -1,0 +1,239 @@
+//! [`Client`]: one session with a Stoa cluster, its open files and its handles.
+
+use crate::chains::ChainCache;
+use crate::chunk_io::ChunkIo;
+use crate::file::FileState;
+use crate::readahead::Readahead;
+use crate::session::Session;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use stoa_net::Pool;
+use stoa_proto::MetaOp;
+use stoa_types::{Attr, FsError, InodeId};
+use tokio::sync::Notify;
+
+/// Where the cluster is and what this client calls itself.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Addresses of meta replicas; any one that answers is enough.
+    pub meta: Vec<SocketAddr>,
+    /// A name for the session, shown in cluster status.
+    pub name: String,
+}
+
+/// An open file, as returned by [`Client::open`]. Unique within one client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileHandle(pub u64);
+
+/// A session with a Stoa cluster: namespace operations by inode, and file I/O through
+/// handles. Cheap to clone; clones share the session and its buffers.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) sh: Arc<Shared>,
+}
+
+/// What every operation of one client shares.
+pub(crate) struct Shared {
+    pub session: Arc<Session>,
+    pub io: ChunkIo,
+    pub chunk_size: u32,
+    /// Bytes of chunk writes queued or in flight, over every file.
+    pub pending_bytes: AtomicUsize,
+    /// Signalled whenever a chunk write finishes, for writers waiting for room.
+    pub pending_changed: Notify,
+    pub prefetch_bytes: Arc<AtomicUsize>,
+    /// Files with open handles, pending writes, or a truncate under way.
+    files: Mutex<HashMap<InodeId, Arc<FileState>>>,
+    handles: Mutex<HashMap<u64, Arc<OpenHandle>>>,
+    next_handle: AtomicU64,
+}
+
+struct OpenHandle {
+    file: Arc<FileState>,
+    readahead: Mutex<Readahead>,
+}
+
+impl Client {
+    /// Opens a session with the cluster and loads the chain table.
+    pub async fn connect(cfg: ClientConfig) -> Result<Client, FsError> {
+        let pool = Pool::new();
+        let session = Arc::new(Session::open(pool.clone(), cfg.meta, cfg.name).await?);
+        let chains = ChainCache::load(&session).await?;
+        let grant = session.grant().clone();
+        tracing::info!(
+            "session {} with cluster {} (chunk size {} bytes)",
+            grant.session,
+            grant.cluster,
+            grant.chunk_size_bytes
+        );
+        let sh = Shared {
+            io: ChunkIo::new(pool, session.clone(), chains),
+            session,
+            chunk_size: grant.chunk_size_bytes,
+            pending_bytes: AtomicUsize::new(0),
+            pending_changed: Notify::new(),
+            prefetch_bytes: Arc::new(AtomicUsize::new(0)),
+            files: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        };
+        Ok(Client { sh: Arc::new(sh) })
+    }
+
+    /// The session meta granted.
+    pub fn session(&self) -> &stoa_proto::SessionGrant {
+        self.sh.session.grant()
+    }
+
+    /// The size of one chunk of file data in this cluster.
+    pub fn chunk_size(&self) -> u32 {
+        self.sh.chunk_size
+    }
+
+    /// Opens inode `ino` for I/O.
+    pub fn open(&self, ino: InodeId) -> FileHandle {
+        let file = self.sh.file(ino);
+        file.lock().opens += 1;
+        let fh = self.sh.next_handle.fetch_add(1, Ordering::Relaxed);
+        let handle = OpenHandle { file, readahead: Mutex::new(Readahead::default()) };
+        self.sh.handles.lock().expect("handles lock poisoned").insert(fh, Arc::new(handle));
+        FileHandle(fh)
+    }
+
+    /// Closes a handle: flushes its file and reports the first write error. When the last
+    /// handle of a file this client unlinked closes, the orphaned inode is purged.
+    pub async fn release(&self, fh: FileHandle) -> Result<(), FsError> {
+        let handle = self.sh.handles.lock().expect("handles lock poisoned").remove(&fh.0);
+        let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
+        let file = handle.file.clone();
+        let flushed = file.flush(&self.sh).await;
+        let purge = {
+            let mut inner = file.lock();
+            inner.opens -= 1;
+            inner.opens == 0 && inner.orphan
+        };
+        if purge {
+            self.purge_orphan(file.ino).await;
+        }
+        self.sh.forget_if_unused(file.ino);
+        flushed
+    }
+
+    /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
+    pub async fn read(&self, fh: FileHandle, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
+        let handle = self.sh.handle(fh)?;
+        let ahead = handle.readahead.lock().expect("readahead lock poisoned").observe(
+            offset,
+            u64::from(len),
+            self.sh.chunk_size,
+        );
+        handle.file.read(&self.sh, offset, len, ahead).await
+    }
+
+    /// Writes `data` at `offset`. It is buffered and sent in the background; errors show
+    /// up in a later write, flush, fsync or release.
+    pub async fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let handle = self.sh.handle(fh)?;
+        offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
+        handle.file.write(&self.sh, offset, data).await?;
+        Ok(data.len() as u32)
+    }
+
+    /// Sends the buffered writes of the handle's file and waits for them.
+    pub async fn flush(&self, fh: FileHandle) -> Result<(), FsError> {
+        self.sh.handle(fh)?.file.flush(&self.sh).await
+    }
+
+    /// Flushes, then makes the file's data durable on every replica.
+    pub async fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
+        self.sh.handle(fh)?.file.fsync(&self.sh).await
+    }
+
+    /// Flushes every file with buffered writes; returns the first error.
+    pub async fn flush_all(&self) -> Result<(), FsError> {
+        let files: Vec<Arc<FileState>> =
+            self.sh.files.lock().expect("files lock poisoned").values().cloned().collect();
+        let mut first = Ok(());
+        for file in files {
+            if let Err(e) = file.flush(&self.sh).await {
+                tracing::warn!("flushing inode {} failed: {e}", file.ino);
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// Flushes everything and ends the session.
+    pub async fn close(&self) -> Result<(), FsError> {
+        let flushed = self.flush_all().await;
+        self.sh.session.call_done(MetaOp::CloseSession).await?;
+        flushed
+    }
+
+    /// Deletes an orphan once this client's last handle closed, unless a link came back.
+    async fn purge_orphan(&self, ino: InodeId) {
+        match self.sh.session.call_attr(MetaOp::GetAttr { ino }).await {
+            Ok(attr) if attr.nlink > 0 => return,
+            Ok(_) | Err(FsError::NotFound) => {}
+            Err(e) => {
+                tracing::warn!("checking orphan inode {ino} failed: {e}; leaving it to meta");
+                return;
+            }
+        }
+        match self.sh.session.call_done(MetaOp::Purge { ino }).await {
+            Ok(()) | Err(FsError::NotFound) => {}
+            Err(e) => tracing::warn!("purging orphan inode {ino} failed: {e}"),
+        }
+    }
+
+    /// Corrects attributes from meta with what this client knows better: the size of a
+    /// file it is writing.
+    pub(crate) fn adjust(&self, mut attr: Attr) -> Attr {
+        let file = self.sh.files.lock().expect("files lock poisoned").get(&attr.ino).cloned();
+        if let Some(file) = file {
+            let mut inner = file.lock();
+            inner.meta_size = Some(attr.size);
+            attr.size = attr.size.max(inner.uncommitted_end);
+        }
+        attr
+    }
+}
+
+impl Shared {
+    /// The state of `ino`, created on first use.
+    pub fn file(&self, ino: InodeId) -> Arc<FileState> {
+        let mut files = self.files.lock().expect("files lock poisoned");
+        files.entry(ino).or_insert_with(|| Arc::new(FileState::new(ino, self.chunk_size))).clone()
+    }
+
+    /// The state of `ino` if this client has it open or busy.
+    pub fn open_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
+        self.files.lock().expect("files lock poisoned").get(&ino).cloned()
+    }
+
+    pub fn has_open_files(&self) -> bool {
+        !self.files.lock().expect("files lock poisoned").is_empty()
+    }
+
+    /// Drops the state of `ino` once no handle uses it and nothing is in flight.
+    pub fn forget_if_unused(&self, ino: InodeId) {
+        let mut files = self.files.lock().expect("files lock poisoned");
+        let unused = files.get(&ino).is_some_and(|f| {
+            let inner = f.lock();
+            inner.opens == 0 && inner.is_idle()
+        });
+        if unused {
+            files.remove(&ino);
+        }
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<OpenHandle>, FsError> {
+        let handles = self.handles.lock().expect("handles lock poisoned");
+        handles
+            .get(&fh.0)
+            .cloned()
+            .ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))
+    }
+}

@@ -1,0 +1,234 @@
+//! Namespace operations by inode: thin calls to meta, plus what the client's own state
+//! adds (sizes of files it is writing, the open flag of unlink, truncating chunk data).
+
+use crate::client::Client;
+use crate::session::unexpected;
+use stoa_proto::{MetaOp, MetaResponse};
+use stoa_types::{validate_name, Attr, DirEntry, FileKind, FsError, InodeId, SetAttr, StatFs};
+
+/// Who creates an object and with which permission bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Client {
+    pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr, FsError> {
+        let op = MetaOp::Lookup { parent, name: name.to_vec() };
+        Ok(self.adjust(self.sh.session.call_attr(op).await?))
+    }
+
+    pub async fn getattr(&self, ino: InodeId) -> Result<Attr, FsError> {
+        Ok(self.adjust(self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?))
+    }
+
+    /// Changes attributes. A size change cuts or extends the data first; any change waits
+    /// for this client's pending writes, whose commits would otherwise overwrite a newly
+    /// set mtime or size.
+    pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr, FsError> {
+        let attr = if set.size.is_some() {
+            let old = self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?;
+            if old.kind != FileKind::File {
+                return Err(if old.kind == FileKind::Dir {
+                    FsError::IsDir
+                } else {
+                    FsError::Invalid("truncate of a special file".into())
+                });
+            }
+            let file = self.sh.file(ino);
+            let result = file.truncate(&self.sh, set, old.size).await;
+            drop(file);
+            self.sh.forget_if_unused(ino);
+            result?
+        } else {
+            if let Some(file) = self.sh.open_file(ino) {
+                file.flush(&self.sh).await?;
+            }
+            self.sh.session.call_attr(MetaOp::SetAttr { ino, set }).await?
+        };
+        Ok(self.adjust(attr))
+    }
+
+    /// Creates a regular file, device, FIFO or socket (`mknod`, and `create` before
+    /// [`Client::open`]).
+    pub async fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        owner: Owner,
+        rdev: u32,
+    ) -> Result<Attr, FsError> {
+        validate_name(name)?;
+        let op = MetaOp::Create {
+            parent,
+            name: name.to_vec(),
+            kind,
+            perm,
+            uid: owner.uid,
+            gid: owner.gid,
+            rdev,
+        };
+        self.sh.session.call_attr(op).await
+    }
+
+    pub async fn mkdir(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        owner: Owner,
+    ) -> Result<Attr, FsError> {
+        validate_name(name)?;
+        let op =
+            MetaOp::Mkdir { parent, name: name.to_vec(), perm, uid: owner.uid, gid: owner.gid };
+        self.sh.session.call_attr(op).await
+    }
+
+    pub async fn symlink(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> Result<Attr, FsError> {
+        validate_name(name)?;
+        if target.is_empty() || target.len() > stoa_types::PATH_LEN_MAX {
+            return Err(FsError::Invalid("bad symlink target length".into()));
+        }
+        let op = MetaOp::Symlink {
+            parent,
+            name: name.to_vec(),
+            target: target.to_vec(),
+            uid: owner.uid,
+            gid: owner.gid,
+        };
+        self.sh.session.call_attr(op).await
+    }
+
+    pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, FsError> {
+        match self.sh.session.call(MetaOp::ReadLink { ino }).await? {
+            MetaResponse::Data(target) => Ok(target),
+            other => Err(unexpected("ReadLink", &other)),
+        }
+    }
+
+    /// Removes a name. If it named a file this client has open, meta keeps the inode as
+    /// an orphan, and the last close here purges it.
+    pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        let open_file = self.open_file_named(parent, name).await;
+        let op = MetaOp::Unlink { parent, name: name.to_vec(), open: open_file.is_some() };
+        self.sh.session.call_done(op).await?;
+        if let Some(file) = open_file {
+            file.lock().orphan = true;
+        }
+        Ok(())
+    }
+
+    /// The state of the file `parent/name` if this client has it open.
+    async fn open_file_named(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+    ) -> Option<std::sync::Arc<crate::file::FileState>> {
+        // Nothing open: spare the lookup.
+        if !self.sh.has_open_files() {
+            return None;
+        }
+        let op = MetaOp::Lookup { parent, name: name.to_vec() };
+        let attr = self.sh.session.call_attr(op).await.ok()?;
+        self.sh.open_file(attr.ino).filter(|f| f.lock().opens > 0)
+    }
+
+    pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        self.sh.session.call_done(MetaOp::Rmdir { parent, name: name.to_vec() }).await
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name`; `flags` are `renameat2` flags.
+    pub async fn rename(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<(), FsError> {
+        validate_name(new_name)?;
+        let op = MetaOp::Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        };
+        self.sh.session.call_done(op).await
+    }
+
+    pub async fn link(
+        &self,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: &[u8],
+    ) -> Result<Attr, FsError> {
+        validate_name(new_name)?;
+        let op = MetaOp::Link { ino, new_parent, new_name: new_name.to_vec() };
+        Ok(self.adjust(self.sh.session.call_attr(op).await?))
+    }
+
+    /// Lists up to `limit` entries of directory `ino` in name order, after the name
+    /// `after` (empty: from the start). The flag says whether more follow.
+    pub async fn readdir(
+        &self,
+        ino: InodeId,
+        after: &[u8],
+        limit: u32,
+    ) -> Result<(Vec<DirEntry>, bool), FsError> {
+        let op = MetaOp::ReadDir { ino, after: after.to_vec(), limit };
+        match self.sh.session.call(op).await? {
+            MetaResponse::Entries { entries, more } => Ok((entries, more)),
+            other => Err(unexpected("ReadDir", &other)),
+        }
+    }
+
+    pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        match self.sh.session.call(MetaOp::GetXattr { ino, name: name.to_vec() }).await? {
+            MetaResponse::Data(value) => Ok(value),
+            other => Err(unexpected("GetXattr", &other)),
+        }
+    }
+
+    pub async fn listxattr(&self, ino: InodeId) -> Result<Vec<Vec<u8>>, FsError> {
+        match self.sh.session.call(MetaOp::ListXattr { ino }).await? {
+            MetaResponse::Names(names) => Ok(names),
+            other => Err(unexpected("ListXattr", &other)),
+        }
+    }
+
+    /// Sets an xattr; `flags` are `XATTR_CREATE` (1) or `XATTR_REPLACE` (2).
+    pub async fn setxattr(
+        &self,
+        ino: InodeId,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<(), FsError> {
+        if value.len() > stoa_types::XATTR_VALUE_LEN_MAX {
+            return Err(FsError::Range);
+        }
+        let op = MetaOp::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), flags };
+        self.sh.session.call_done(op).await
+    }
+
+    pub async fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<(), FsError> {
+        self.sh.session.call_done(MetaOp::RemoveXattr { ino, name: name.to_vec() }).await
+    }
+
+    pub async fn statfs(&self) -> Result<StatFs, FsError> {
+        match self.sh.session.call(MetaOp::StatFs).await? {
+            MetaResponse::StatFs(stat) => Ok(stat),
+            other => Err(unexpected("StatFs", &other)),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The read path of one file.
+//!
+//! ```text
+//!  read(offset, len) -> size known? (else GetAttr) -> clip to size
+//!     -> dirty chunks in range? flush them first
+//!     -> per chunk piece: a fresh prefetched chunk that covers it, or a chunk read from
+//!        any replica -> missing tail bytes are zeros (a hole)
+//! ```
+//!
+//! Readahead fetches whole chunks ahead of a sequential reader into a small per-file
+//! cache. Entries live about a second, the attribute TTL, and one that is shorter than
+//! the piece asked for is not trusted: the file may have grown since it was fetched.
+
+use crate::client::Shared;
+use crate::file::FileState;
+use crate::split::{chunk_span, split, Piece};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stoa_proto::MetaOp;
+use stoa_types::{ChunkId, FsError};
+use tokio::sync::watch;
+
+/// How long a prefetched chunk may be served; about the kernel's attribute TTL.
+const PREFETCH_FRESH: Duration = Duration::from_secs(1);
+/// Bytes the whole client may hold in prefetched chunks.
+pub(crate) const PREFETCH_BYTES_MAX: usize = 64 << 20;
+
+/// A chunk being fetched, or fetched, ahead of the reader.
+pub(crate) struct Prefetch {
+    started: Instant,
+    /// `None` until the fetch ends; then the data, or `None` if the fetch failed.
+    data: watch::Receiver<Option<Option<Bytes>>>,
+    _budget: Budget,
+}
+
+impl Prefetch {
+    fn is_fresh(&self) -> bool {
+        self.started.elapsed() < PREFETCH_FRESH
+    }
+
+    async fn wait(&self) -> Option<Bytes> {
+        let mut rx = self.data.clone();
+        let fetched = rx.wait_for(|v| v.is_some()).await.ok()?;
+        fetched.clone().flatten()
+    }
+}
+
+/// A share of the client's prefetch memory, given back when dropped.
+struct Budget {
+    used: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Budget {
+    fn take(used: &Arc<AtomicUsize>, bytes: usize) -> Option<Budget> {
+        let before = used.fetch_add(bytes, Ordering::AcqRel);
+        if before + bytes > PREFETCH_BYTES_MAX {
+            used.fetch_sub(bytes, Ordering::AcqRel);
+            return None;
+        }
+        Some(Budget { used: used.clone(), bytes })
+    }
+}
+
+impl Drop for Budget {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+impl FileState {
+    /// Reads up to `len` bytes at `offset`, never past the end of the file, and starts
+    /// fetching chunks `ahead` in the background.
+    pub async fn read(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        offset: u64,
+        len: u32,
+        ahead: std::ops::Range<u64>,
+    ) -> Result<Vec<u8>, FsError> {
+        let _io = self.io_lock.read().await;
+        let size = self.size_for_read(sh, offset + u64::from(len)).await?;
+        if offset >= size {
+            return Ok(Vec::new());
+        }
+        let end = (offset + u64::from(len)).min(size);
+        let span = chunk_span(offset, end, sh.chunk_size);
+        if self.lock().is_dirty(span.clone()) {
+            self.flush_span(sh, span).await;
+        }
+        self.prefetch(sh, ahead, size);
+        let mut out = vec![0u8; (end - offset) as usize];
+        for piece in split(offset, end - offset, sh.chunk_size) {
+            let data = self.read_piece(sh, piece).await?;
+            let n = data.len().min(piece.len as usize);
+            out[piece.pos..piece.pos + n].copy_from_slice(&data[..n]);
+        }
+        Ok(out)
+    }
+
+    /// The file size, asking meta when the read reaches past what this client knows.
+    async fn size_for_read(&self, sh: &Shared, want_end: u64) -> Result<u64, FsError> {
+        if let Some(size) = self.lock().size().filter(|&s| want_end <= s) {
+            return Ok(size);
+        }
+        let attr = sh.session.call_attr(MetaOp::GetAttr { ino: self.ino }).await?;
+        let mut inner = self.lock();
+        inner.meta_size = Some(attr.size);
+        Ok(inner.size().unwrap_or(attr.size))
+    }
+
+    async fn read_piece(&self, sh: &Shared, piece: Piece) -> Result<Bytes, FsError> {
+        let cached = self.lock().prefetched.get(&piece.index).cloned();
+        if let Some(prefetch) = cached.filter(|p| p.is_fresh()) {
+            let (start, end) = (piece.offset as usize, (piece.offset + piece.len) as usize);
+            if let Some(data) = prefetch.wait().await.filter(|d| d.len() >= end) {
+                return Ok(data.slice(start..end));
+            }
+        }
+        let chunk = ChunkId { ino: self.ino, index: piece.index };
+        sh.io.read(chunk, piece.offset, piece.len).await
+    }
+
+    /// Starts fetching the chunks of `ahead` that lie inside the file and are neither
+    /// cached nor dirty, within the client's prefetch budget.
+    fn prefetch(self: &Arc<Self>, sh: &Arc<Shared>, ahead: std::ops::Range<u64>, size: u64) {
+        if ahead.is_empty() {
+            return;
+        }
+        let cs = u64::from(sh.chunk_size);
+        let mut inner = self.lock();
+        inner.prefetched.retain(|&index, p| index >= ahead.start && p.is_fresh());
+        for index in ahead {
+            let start = index * cs;
+            if start >= size {
+                break;
+            }
+            if inner.prefetched.contains_key(&index) || inner.is_dirty(index..index + 1) {
+                continue;
+            }
+            let Some(budget) = Budget::take(&sh.prefetch_bytes, cs as usize) else { break };
+            let len = (size - start).min(cs) as u32;
+            let (tx, rx) = watch::channel(None);
+            let entry = Prefetch { started: Instant::now(), data: rx, _budget: budget };
+            inner.prefetched.insert(index, Arc::new(entry));
+            let (sh, chunk) = (sh.clone(), ChunkId { ino: self.ino, index });
+            tokio::spawn(async move {
+                let data = sh.io.read(chunk, 0, len).await;
+                if let Err(e) = &data {
+                    tracing::debug!("prefetch of {chunk} failed: {e}");
+                }
+                let _ = tx.send(Some(data.ok()));
+            });
+        }
+    }
+}
