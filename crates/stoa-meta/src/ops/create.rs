@@ -105,3 +105,78 @@ fn add_inode(
     count_files(kv, 1)?;
     Ok(rec)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{create_op, Fs, ROOT};
+    use stoa_proto::{MetaOp, MetaResponse};
+    use stoa_types::{FileKind, FsError, NAME_LEN_MAX};
+
+    #[test]
+    fn create_makes_a_file_and_updates_the_parent() {
+        let mut fs = Fs::new();
+        let root = fs.getattr(ROOT).unwrap();
+        let a = fs.create(ROOT, "a").unwrap();
+        assert_eq!((a.kind, a.perm, a.nlink, a.size, a.uid), (FileKind::File, 0o644, 1, 0, 1));
+        assert_eq!((a.mtime, a.version), (fs.now(), 1));
+        assert_eq!(fs.lookup(ROOT, "a").unwrap(), a);
+        let root_after = fs.getattr(ROOT).unwrap();
+        assert_eq!(root_after.nlink, 2);
+        assert_eq!(root_after.mtime, fs.now());
+        assert!(root_after.version > root.version);
+        let fifo = fs.attr(create_op(ROOT, "p", FileKind::Fifo)).unwrap();
+        assert_eq!(fifo.kind, FileKind::Fifo);
+        assert_ne!(fifo.ino, a.ino);
+        assert_eq!(fs.create(ROOT, "a"), Err(FsError::Exists));
+        assert!(matches!(fs.attr(create_op(ROOT, "d", FileKind::Dir)), Err(FsError::Invalid(_))));
+    }
+
+    #[test]
+    fn mkdir_counts_subdirectories_in_the_parent() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        assert_eq!((d.kind, d.nlink, d.perm), (FileKind::Dir, 2, 0o755));
+        fs.mkdir(ROOT, "e").unwrap();
+        fs.create(ROOT, "f").unwrap();
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 4);
+        let inner = fs.mkdir(d.ino, "inner").unwrap();
+        assert_eq!(fs.getattr(d.ino).unwrap().nlink, 3);
+        assert_eq!(fs.mkdir(ROOT, "d"), Err(FsError::Exists));
+        let f = fs.lookup(ROOT, "f").unwrap();
+        assert_eq!(fs.create(f.ino, "x"), Err(FsError::NotDir));
+        assert_eq!(fs.create(inner.ino, "x").unwrap().nlink, 1);
+        assert_eq!(fs.mkdir(stoa_types::InodeId(999), "x"), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let mut fs = Fs::new();
+        assert_eq!(fs.create(ROOT, &"x".repeat(NAME_LEN_MAX + 1)), Err(FsError::NameTooLong));
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(matches!(fs.create(ROOT, bad), Err(FsError::Invalid(_))), "{bad:?}");
+            assert!(matches!(fs.lookup(ROOT, bad), Err(FsError::Invalid(_))), "{bad:?}");
+        }
+        assert!(fs.create(ROOT, &"x".repeat(NAME_LEN_MAX)).is_ok());
+    }
+
+    #[test]
+    fn a_symlink_keeps_its_target() {
+        let mut fs = Fs::new();
+        let op = |name: &str, target: &[u8]| MetaOp::Symlink {
+            parent: ROOT,
+            name: name.as_bytes().to_vec(),
+            target: target.to_vec(),
+            uid: 3,
+            gid: 4,
+        };
+        let l = fs.attr(op("l", b"../target")).unwrap();
+        assert_eq!((l.kind, l.perm, l.size, l.uid, l.version), (FileKind::Symlink, 0o777, 9, 3, 1));
+        assert_eq!(
+            fs.call(MetaOp::ReadLink { ino: l.ino }),
+            Ok(MetaResponse::Data(b"../target".to_vec()))
+        );
+        assert_eq!(fs.attr(op("empty", b"")), Err(FsError::NotFound));
+        assert_eq!(fs.attr(op("long", &[b'a'; 4097])), Err(FsError::NameTooLong));
+        assert!(matches!(fs.call(MetaOp::ReadLink { ino: ROOT }), Err(FsError::Invalid(_))));
+    }
+}

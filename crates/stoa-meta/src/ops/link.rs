@@ -33,3 +33,31 @@ pub(crate) fn link(
     touch_dir(kv, parent, 0, now)?;
     Ok(MetaResponse::Attr(rec.attr))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{Fs, ROOT};
+    use stoa_proto::MetaOp;
+    use stoa_types::{FsError, InodeId};
+
+    fn link(fs: &mut Fs, ino: InodeId, parent: InodeId, name: &str) -> Result<u32, FsError> {
+        let new_name = name.as_bytes().to_vec();
+        fs.attr(MetaOp::Link { ino, new_parent: parent, new_name }).map(|a| a.nlink)
+    }
+
+    #[test]
+    fn a_link_is_a_second_name_for_one_inode() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        let a = fs.create(ROOT, "a").unwrap();
+        assert_eq!(link(&mut fs, a.ino, d.ino, "b"), Ok(2));
+        let b = fs.lookup(d.ino, "b").unwrap();
+        assert_eq!((b.ino, b.nlink, b.ctime), (a.ino, 2, fs.now()));
+        assert_eq!(fs.getattr(d.ino).unwrap().mtime, fs.now());
+        assert_eq!(link(&mut fs, a.ino, d.ino, "b"), Err(FsError::Exists));
+        assert_eq!(link(&mut fs, d.ino, ROOT, "d2"), Err(FsError::NotPermitted));
+        assert_eq!(link(&mut fs, InodeId(999), ROOT, "x"), Err(FsError::NotFound));
+        assert_eq!(link(&mut fs, a.ino, a.ino, "x"), Err(FsError::NotDir));
+        assert!(matches!(link(&mut fs, a.ino, ROOT, "."), Err(FsError::Invalid(_))));
+    }
+}

@@ -151,3 +151,138 @@ fn touch_parents(
     touch_dir(kv, from, from_subdirs, now)?;
     touch_dir(kv, to, to_subdirs, now)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{RENAME_EXCHANGE, RENAME_NOREPLACE};
+    use crate::garbage;
+    use crate::testing::{Fs, ROOT};
+    use stoa_proto::MetaOp;
+    use stoa_types::{FsError, InodeId};
+
+    fn link(fs: &mut Fs, ino: InodeId, parent: InodeId, name: &str) {
+        let new_name = name.as_bytes().to_vec();
+        fs.call(MetaOp::Link { ino, new_parent: parent, new_name }).unwrap();
+    }
+
+    #[test]
+    fn a_file_moves_between_directories() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        let a = fs.create(ROOT, "a").unwrap();
+        fs.rename((ROOT, "a"), (d.ino, "b"), 0).unwrap();
+        assert_eq!(fs.lookup(ROOT, "a"), Err(FsError::NotFound));
+        let b = fs.lookup(d.ino, "b").unwrap();
+        assert_eq!((b.ino, b.ctime), (a.ino, fs.now()));
+        assert_eq!(fs.getattr(ROOT).unwrap().mtime, fs.now());
+        assert_eq!(fs.getattr(d.ino).unwrap().mtime, fs.now());
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
+        assert_eq!(fs.rename((ROOT, "a"), (ROOT, "c"), 0), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn a_directory_move_updates_both_link_counts_and_its_parent() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        let e = fs.mkdir(ROOT, "e").unwrap();
+        fs.rename((ROOT, "e"), (d.ino, "e"), 0).unwrap();
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
+        assert_eq!(fs.getattr(d.ino).unwrap().nlink, 3);
+        // e's parent is now d, so d cannot move under e.
+        assert!(matches!(fs.rename((ROOT, "d"), (e.ino, "d"), 0), Err(FsError::Invalid(_))));
+        assert!(matches!(fs.rename((ROOT, "d"), (d.ino, "d2"), 0), Err(FsError::Invalid(_))));
+        fs.rename((d.ino, "e"), (ROOT, "e2"), 0).unwrap();
+        assert_eq!(fs.getattr(d.ino).unwrap().nlink, 2);
+        fs.rename((ROOT, "d"), (e.ino, "d"), 0).unwrap();
+        assert_eq!(fs.names(ROOT), vec!["e2"]);
+        assert_eq!(fs.names(e.ino), vec!["d"]);
+    }
+
+    #[test]
+    fn replacing_a_target_follows_posix() {
+        let mut fs = Fs::new();
+        let f1 = fs.create(ROOT, "f1").unwrap();
+        fs.create(ROOT, "f2").unwrap();
+        let full = fs.mkdir(ROOT, "full").unwrap();
+        fs.create(full.ino, "x").unwrap();
+        fs.mkdir(ROOT, "empty").unwrap();
+        fs.mkdir(ROOT, "d").unwrap();
+        assert_eq!(fs.rename((ROOT, "f1"), (ROOT, "d"), 0), Err(FsError::IsDir));
+        assert_eq!(fs.rename((ROOT, "d"), (ROOT, "f1"), 0), Err(FsError::NotDir));
+        assert_eq!(fs.rename((ROOT, "d"), (ROOT, "full"), 0), Err(FsError::NotEmpty));
+        // A directory over an empty one: the replaced one is gone, the root lost a link.
+        fs.rename((ROOT, "d"), (ROOT, "empty"), 0).unwrap();
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 4);
+        // A file over a file: the replaced one is garbage.
+        let f2 = fs.lookup(ROOT, "f2").unwrap();
+        fs.rename((ROOT, "f1"), (ROOT, "f2"), 0).unwrap();
+        assert_eq!(fs.lookup(ROOT, "f2").unwrap().ino, f1.ino);
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(f2.ino, 0)]);
+        assert_eq!(fs.names(ROOT), vec!["empty", "f2", "full"]);
+    }
+
+    #[test]
+    fn replacing_one_of_several_links_keeps_the_inode() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        link(&mut fs, a.ino, ROOT, "a2");
+        let b = fs.create(ROOT, "b").unwrap();
+        fs.rename((ROOT, "b"), (ROOT, "a2"), 0).unwrap();
+        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 1);
+        assert_eq!(fs.lookup(ROOT, "a2").unwrap().ino, b.ino);
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn two_names_of_one_inode_are_left_alone() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        link(&mut fs, a.ino, ROOT, "b");
+        fs.rename((ROOT, "a"), (ROOT, "b"), 0).unwrap();
+        assert_eq!(fs.names(ROOT), vec!["a", "b"]);
+        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 2);
+        fs.rename((ROOT, "a"), (ROOT, "a"), 0).unwrap();
+        assert_eq!(fs.names(ROOT), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn noreplace_refuses_an_existing_target() {
+        let mut fs = Fs::new();
+        fs.create(ROOT, "a").unwrap();
+        fs.create(ROOT, "b").unwrap();
+        assert_eq!(fs.rename((ROOT, "a"), (ROOT, "b"), RENAME_NOREPLACE), Err(FsError::Exists));
+        fs.rename((ROOT, "a"), (ROOT, "c"), RENAME_NOREPLACE).unwrap();
+        assert_eq!(fs.names(ROOT), vec!["b", "c"]);
+    }
+
+    #[test]
+    fn exchange_swaps_two_names_of_any_kind() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        let sub = fs.mkdir(d.ino, "sub").unwrap();
+        let f = fs.create(ROOT, "f").unwrap();
+        fs.rename((ROOT, "f"), (d.ino, "sub"), RENAME_EXCHANGE).unwrap();
+        assert_eq!(fs.lookup(ROOT, "f").unwrap().ino, sub.ino);
+        assert_eq!(fs.lookup(d.ino, "sub").unwrap().ino, f.ino);
+        // The directory moved from d to the root.
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 4);
+        assert_eq!(fs.getattr(d.ino).unwrap().nlink, 2);
+        assert_eq!(fs.rename((ROOT, "f"), (ROOT, "none"), RENAME_EXCHANGE), Err(FsError::NotFound));
+        // A directory cannot be swapped into its own subtree.
+        let inner = fs.mkdir(sub.ino, "inner").unwrap();
+        let swap_in = fs.rename((ROOT, "f"), (inner.ino, "x"), RENAME_EXCHANGE);
+        assert_eq!(swap_in, Err(FsError::NotFound));
+        fs.create(inner.ino, "x").unwrap();
+        let swap_in = fs.rename((ROOT, "f"), (inner.ino, "x"), RENAME_EXCHANGE);
+        assert!(matches!(swap_in, Err(FsError::Invalid(_))));
+    }
+
+    #[test]
+    fn unknown_flags_are_refused() {
+        let mut fs = Fs::new();
+        fs.create(ROOT, "a").unwrap();
+        for flags in [4, RENAME_EXCHANGE | RENAME_NOREPLACE] {
+            assert!(matches!(fs.rename((ROOT, "a"), (ROOT, "b"), flags), Err(FsError::Invalid(_))));
+        }
+    }
+}

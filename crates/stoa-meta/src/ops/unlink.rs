@@ -117,3 +117,96 @@ pub(crate) fn collected(kv: &mut impl KvWrite, ino: InodeId) -> Result<MetaRespo
     kv.delete(Table::Garbage, &ino_key(ino))?;
     Ok(MetaResponse::Done)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::kv::{KvRead, Table};
+    use crate::testing::{Fs, ROOT};
+    use crate::{apply, file_count, garbage, Command};
+    use stoa_proto::MetaOp;
+    use stoa_types::{FsError, InodeId};
+
+    fn set_size(fs: &mut Fs, ino: InodeId, size: u64) {
+        fs.attr(MetaOp::CommitWrite { ino, size }).unwrap();
+    }
+
+    #[test]
+    fn unlinking_the_last_name_makes_a_file_garbage() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        set_size(&mut fs, a.ino, 9000);
+        fs.call(MetaOp::SetXattr {
+            ino: a.ino,
+            name: b"user.k".to_vec(),
+            value: vec![1],
+            flags: 0,
+        })
+        .unwrap();
+        let files = file_count(&fs.kv).unwrap();
+        fs.unlink(ROOT, "a", false).unwrap();
+        assert_eq!(fs.lookup(ROOT, "a"), Err(FsError::NotFound));
+        assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 9000)]);
+        assert_eq!(file_count(&fs.kv).unwrap(), files - 1);
+        assert!(fs.kv.is_empty(Table::Xattrs));
+        assert_eq!(fs.unlink(ROOT, "a", false), Err(FsError::NotFound));
+        apply(&mut fs.kv, &Command::GarbageCollected { ino: a.ino }).unwrap();
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_open_file_stays_as_an_orphan_until_purged() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        set_size(&mut fs, a.ino, 10);
+        fs.unlink(ROOT, "a", true).unwrap();
+        let orphan = fs.getattr(a.ino).unwrap();
+        assert_eq!((orphan.nlink, orphan.size), (0, 10));
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        // The opener keeps writing, and cannot give it a name again.
+        set_size(&mut fs, a.ino, 20);
+        let link = MetaOp::Link { ino: a.ino, new_parent: ROOT, new_name: b"b".to_vec() };
+        assert_eq!(fs.call(link), Err(FsError::NotFound));
+        fs.call(MetaOp::Purge { ino: a.ino }).unwrap();
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 20)]);
+        assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
+        assert!(fs.kv.is_empty(Table::Orphans));
+        // A repeated purge, or one of a linked file, does nothing.
+        fs.call(MetaOp::Purge { ino: a.ino }).unwrap();
+        let b = fs.create(ROOT, "b").unwrap();
+        fs.call(MetaOp::Purge { ino: b.ino }).unwrap();
+        assert!(fs.getattr(b.ino).is_ok());
+    }
+
+    #[test]
+    fn a_file_with_more_links_survives_an_unlink() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        fs.call(MetaOp::Link { ino: a.ino, new_parent: ROOT, new_name: b"b".to_vec() }).unwrap();
+        fs.unlink(ROOT, "a", false).unwrap();
+        let b = fs.lookup(ROOT, "b").unwrap();
+        assert_eq!((b.ino, b.nlink), (a.ino, 1));
+        assert_eq!(b.ctime, fs.now());
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn rmdir_and_unlink_refuse_the_wrong_kind_and_full_directories() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        fs.create(d.ino, "f").unwrap();
+        fs.create(ROOT, "file").unwrap();
+        assert_eq!(fs.unlink(ROOT, "d", false), Err(FsError::IsDir));
+        assert_eq!(fs.rmdir(ROOT, "d"), Err(FsError::NotEmpty));
+        assert_eq!(fs.rmdir(ROOT, "file"), Err(FsError::NotDir));
+        assert_eq!(fs.rmdir(ROOT, "nothing"), Err(FsError::NotFound));
+        fs.unlink(d.ino, "f", false).unwrap();
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
+        fs.rmdir(ROOT, "d").unwrap();
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 2);
+        assert_eq!(fs.getattr(d.ino), Err(FsError::NotFound));
+        // Only regular files have chunks to collect.
+        assert_eq!(garbage(&fs.kv, 10).unwrap().len(), 1);
+        assert_eq!(fs.kv.get(Table::Inodes, &d.ino.0.to_be_bytes()).unwrap(), None);
+    }
+}
