@@ -190,3 +190,132 @@ pub(crate) fn synced(
     })?;
     Ok(MetaResponse::Done)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_servers;
+    use crate::testing::{Fs, CLUSTER};
+    use crate::{apply, chain_table, Command};
+    use stoa_proto::{MetaOp, MetaResponse};
+    use stoa_types::{ChainId, ClusterId, FsError, NodeId};
+
+    fn register(
+        fs: &mut Fs,
+        node: Option<NodeId>,
+        cluster: Option<ClusterId>,
+        port: u16,
+    ) -> Result<NodeId, FsError> {
+        let op = MetaOp::RegisterChunkServer {
+            node,
+            cluster,
+            addr: ([127, 0, 0, 1], port).into(),
+            zone: format!("z{port}"),
+            capacity_bytes: 1000,
+            used_bytes: 10,
+        };
+        match fs.call(op)? {
+            MetaResponse::Registered { node, cluster } => {
+                assert_eq!(cluster, CLUSTER);
+                Ok(node)
+            }
+            other => panic!("register answered {other:?}"),
+        }
+    }
+
+    fn ids(ids: &[u64]) -> Vec<NodeId> {
+        ids.iter().map(|&i| NodeId(i)).collect()
+    }
+
+    #[test]
+    fn chains_appear_once_there_are_enough_servers() {
+        let mut fs = Fs::with_replicas(2);
+        assert_eq!(register(&mut fs, None, None, 1), Ok(NodeId(100)));
+        let one = chain_table(&fs.kv).unwrap();
+        assert!(one.chains.is_empty());
+        assert_eq!((one.version, one.nodes.len()), (1, 1));
+        assert_eq!(register(&mut fs, None, None, 2), Ok(NodeId(101)));
+        assert_eq!(register(&mut fs, None, None, 3), Ok(NodeId(102)));
+        let table = chain_table(&fs.kv).unwrap();
+        // The third server joined after the chains were made: it is known but unused.
+        assert_eq!(table.chains.len(), 2);
+        assert_eq!(table.chains[0].members, ids(&[100, 101]));
+        assert_eq!(table.chains[1].members, ids(&[101, 100]));
+        assert_eq!((table.chains[1].id, table.chains[1].version), (ChainId(1), 1));
+        assert_eq!(table.nodes.len(), 3);
+        let servers = chunk_servers(&fs.kv).unwrap();
+        assert_eq!(servers.iter().map(|s| s.id).collect::<Vec<_>>(), ids(&[100, 101, 102]));
+        assert_eq!(servers[2].zone, "z3");
+    }
+
+    #[test]
+    fn a_known_server_reregisters_and_a_stranger_is_refused() {
+        let mut fs = Fs::with_replicas(1);
+        let id = register(&mut fs, None, None, 1).unwrap();
+        let before = chain_table(&fs.kv).unwrap();
+        assert_eq!(register(&mut fs, Some(id), Some(CLUSTER), 1), Ok(id));
+        assert_eq!(chain_table(&fs.kv).unwrap(), before, "nothing changed");
+        assert_eq!(register(&mut fs, Some(id), Some(CLUSTER), 9), Ok(id));
+        let moved = chain_table(&fs.kv).unwrap();
+        assert_eq!(
+            (moved.version, moved.addr(id)),
+            (before.version + 1, Some(([127, 0, 0, 1], 9).into()))
+        );
+        let wrong = register(&mut fs, Some(id), Some(ClusterId(5)), 1);
+        assert!(matches!(wrong, Err(FsError::WrongCluster { .. })), "{wrong:?}");
+        assert!(matches!(register(&mut fs, Some(NodeId(3)), None, 1), Err(FsError::Invalid(_))));
+        // An id this cluster never gave out is kept, and later ids skip past it.
+        assert_eq!(register(&mut fs, Some(NodeId(500)), Some(CLUSTER), 2), Ok(NodeId(500)));
+        assert_eq!(register(&mut fs, None, None, 3), Ok(NodeId(501)));
+    }
+
+    #[test]
+    fn a_server_leaves_its_chains_rejoins_syncing_and_becomes_the_tail() {
+        let mut fs = Fs::with_replicas(2);
+        for port in 1..=3 {
+            register(&mut fs, None, None, port).unwrap();
+        }
+        let start = chain_table(&fs.kv).unwrap();
+        assert_eq!(start.chains.len(), 2);
+        apply(&mut fs.kv, &Command::ChunkServerDown { node: NodeId(101) }).unwrap();
+        let down = chain_table(&fs.kv).unwrap();
+        assert_eq!(down.version, start.version + 1);
+        assert!(down.chains.iter().all(|c| c.members == ids(&[100]) && c.version == 2));
+        // The last member of a chain stays, even when it is down too.
+        apply(&mut fs.kv, &Command::ChunkServerDown { node: NodeId(100) }).unwrap();
+        assert_eq!(chain_table(&fs.kv).unwrap(), down);
+
+        apply(&mut fs.kv, &Command::ChunkServerUp { node: NodeId(102) }).unwrap();
+        let up = chain_table(&fs.kv).unwrap();
+        assert!(up.chains.iter().all(|c| c.syncing == ids(&[102])), "{up:?}");
+        // No chain is short any more: a second returning server is not needed.
+        apply(&mut fs.kv, &Command::ChunkServerUp { node: NodeId(101) }).unwrap();
+        apply(&mut fs.kv, &Command::ChunkServerUp { node: NodeId(102) }).unwrap();
+        assert_eq!(chain_table(&fs.kv).unwrap(), up);
+
+        let chain = &up.chains[1];
+        let synced = |version| MetaOp::ChunkSynced {
+            node: NodeId(102),
+            chain: chain.id,
+            chain_version: version,
+        };
+        let stale = fs.call(synced(chain.version - 1));
+        assert_eq!(
+            stale,
+            Err(FsError::StaleChain { got: chain.version - 1, current: chain.version })
+        );
+        fs.call(synced(chain.version)).unwrap();
+        let done = chain_table(&fs.kv).unwrap();
+        assert_eq!(done.chains[1].members, ids(&[100, 102]));
+        assert!(done.chains[1].syncing.is_empty());
+        assert_eq!(done.chains[1].version, chain.version + 1);
+        assert_eq!(done.chains[0], up.chains[0]);
+        assert_eq!(done.version, up.version + 1);
+        // A second report for the same version is stale: the chain moved on.
+        assert!(matches!(fs.call(synced(chain.version)), Err(FsError::StaleChain { .. })));
+        let unknown = apply(&mut fs.kv, &Command::ChunkServerUp { node: NodeId(999) });
+        assert_eq!(unknown, Err(FsError::NotFound));
+        let no_chain =
+            MetaOp::ChunkSynced { node: NodeId(102), chain: ChainId(9), chain_version: 1 };
+        assert!(matches!(fs.call(no_chain), Err(FsError::Invalid(_))));
+    }
+}

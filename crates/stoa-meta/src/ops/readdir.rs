@@ -45,3 +45,50 @@ pub(crate) fn readdir(
     }
     Ok(MetaResponse::Entries { entries, more })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::READDIR_LIMIT_MAX;
+    use crate::testing::{Fs, ROOT};
+    use stoa_proto::{MetaOp, MetaResponse};
+    use stoa_types::{FileKind, FsError};
+
+    #[test]
+    fn pages_cover_the_directory_in_name_order() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        for i in (0..25).rev() {
+            fs.create(d.ino, &format!("f{i:02}")).unwrap();
+        }
+        let sub = fs.mkdir(d.ino, "sub").unwrap();
+        // An entry of a neighbouring directory must not leak into this one.
+        fs.create(ROOT, "zzz").unwrap();
+        for page in [1, 7, 26, 1000] {
+            let all = fs.list(d.ino, page).unwrap();
+            let names: Vec<String> =
+                all.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()).collect();
+            let mut want: Vec<String> = (0..25).map(|i| format!("f{i:02}")).collect();
+            want.push("sub".into());
+            assert_eq!(names, want, "page {page}");
+            assert_eq!((all[25].ino, all[25].kind), (sub.ino, FileKind::Dir));
+        }
+        let page = MetaOp::ReadDir { ino: d.ino, after: b"f23".to_vec(), limit: 2 };
+        let Ok(MetaResponse::Entries { entries, more }) = fs.call(page) else { panic!() };
+        assert_eq!((entries.len(), more), (2, false));
+        let after_all = MetaOp::ReadDir { ino: d.ino, after: b"zz".to_vec(), limit: 5 };
+        assert_eq!(fs.call(after_all), Ok(MetaResponse::Entries { entries: vec![], more: false }));
+    }
+
+    #[test]
+    fn only_directories_are_listed_with_a_positive_limit() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        let op = |ino, limit| MetaOp::ReadDir { ino, after: vec![], limit };
+        assert_eq!(fs.call(op(a.ino, 10)), Err(FsError::NotDir));
+        assert!(matches!(fs.call(op(ROOT, 0)), Err(FsError::Invalid(_))));
+        let Ok(MetaResponse::Entries { entries, .. }) = fs.call(op(ROOT, u32::MAX)) else {
+            panic!()
+        };
+        assert!(entries.len() <= READDIR_LIMIT_MAX as usize);
+    }
+}

@@ -96,3 +96,51 @@ pub(crate) fn remember(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{DEDUP_WINDOW, LEASE_MS};
+    use crate::kv::{KvRead, Table};
+    use crate::testing::{create_op, Fs, CLUSTER, ROOT};
+    use crate::{apply, Command};
+    use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant};
+    use stoa_types::{FileKind, RequestId, SessionId};
+
+    #[test]
+    fn sessions_are_numbered_from_one_and_carry_the_cluster() {
+        let mut fs = Fs::new();
+        assert_eq!(fs.session, SessionId(1));
+        let grant = fs.call(MetaOp::OpenSession { client: "other".into() }).unwrap();
+        let want = SessionGrant {
+            session: SessionId(2),
+            cluster: CLUSTER,
+            chunk_size_bytes: 4096,
+            lease_ms: LEASE_MS,
+        };
+        assert_eq!(grant, MetaResponse::Session(want));
+        assert_eq!(fs.kv.len(Table::Sessions), 2);
+    }
+
+    #[test]
+    fn only_a_window_of_recent_answers_is_kept() {
+        let mut fs = Fs::new();
+        let total = DEDUP_WINDOW + 300;
+        for i in 0..total {
+            let op = MetaOp::GetAttr { ino: ROOT };
+            // Reads in the log are not remembered; creates are.
+            let op =
+                if i % 2 == 0 { create_op(ROOT, &format!("f{i}"), FileKind::File) } else { op };
+            let req = MetaRequest { session: fs.session, req_id: RequestId(i + 1), op };
+            let now = fs.now();
+            apply(&mut fs.kv, &Command::Client { req, now }).unwrap();
+        }
+        let kept = fs.kv.scan(Table::Dedup, &[], None, usize::MAX).unwrap();
+        assert!(kept.len() <= DEDUP_WINDOW as usize, "{} answers kept", kept.len());
+        let oldest = u64::from_be_bytes(kept[0].0[8..].try_into().unwrap());
+        assert!(oldest > total - DEDUP_WINDOW, "answer to request {oldest} outlived the window");
+        // Other sessions' answers are untouched by this session's trimming.
+        let mut other = Fs::new();
+        other.create(ROOT, "x").unwrap();
+        assert_eq!(other.kv.len(Table::Dedup), 1);
+    }
+}

@@ -70,3 +70,60 @@ fn check_is_file(kind: FileKind, ino: InodeId) -> Result<(), FsError> {
         other => Err(FsError::Invalid(format!("inode {ino} is a {other:?}, not a regular file"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{at, Fs, ROOT};
+    use stoa_proto::MetaOp;
+    use stoa_types::{FsError, SetAttr, SetTime};
+
+    #[test]
+    fn setattr_changes_only_what_it_is_given() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        let set = SetAttr { perm: Some(0o4600 | 0o170000), uid: Some(7), ..SetAttr::default() };
+        let b = fs.attr(MetaOp::SetAttr { ino: a.ino, set }).unwrap();
+        assert_eq!((b.perm, b.uid, b.gid, b.size), (0o4600, 7, a.gid, 0));
+        assert_eq!((b.mtime, b.ctime, b.version), (a.mtime, fs.now(), a.version + 1));
+        let set = SetAttr {
+            atime: Some(SetTime::At(at(5))),
+            mtime: Some(SetTime::Now),
+            gid: Some(9),
+            ..SetAttr::default()
+        };
+        let c = fs.attr(MetaOp::SetAttr { ino: a.ino, set }).unwrap();
+        assert_eq!((c.atime, c.mtime, c.gid), (at(5), fs.now(), 9));
+        assert_eq!(fs.getattr(a.ino).unwrap(), c);
+    }
+
+    #[test]
+    fn a_size_change_is_for_files_and_moves_mtime() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        let size = |size| MetaOp::SetAttr {
+            ino: a.ino,
+            set: SetAttr { size: Some(size), ..SetAttr::default() },
+        };
+        let b = fs.attr(size(100)).unwrap();
+        assert_eq!((b.size, b.mtime), (100, fs.now()));
+        let c = fs.attr(size(100)).unwrap();
+        assert_eq!(c.mtime, b.mtime, "an unchanged size leaves mtime alone");
+        assert_eq!(fs.attr(size(3)).unwrap().size, 3);
+        let on_dir =
+            MetaOp::SetAttr { ino: ROOT, set: SetAttr { size: Some(0), ..SetAttr::default() } };
+        assert_eq!(fs.attr(on_dir), Err(FsError::IsDir));
+        let missing = MetaOp::SetAttr { ino: stoa_types::InodeId(99), set: SetAttr::default() };
+        assert_eq!(fs.attr(missing), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn commit_write_only_grows_a_file() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        let b = fs.attr(MetaOp::CommitWrite { ino: a.ino, size: 50 }).unwrap();
+        assert_eq!((b.size, b.mtime, b.ctime), (50, fs.now(), fs.now()));
+        let c = fs.attr(MetaOp::CommitWrite { ino: a.ino, size: 10 }).unwrap();
+        assert_eq!((c.size, c.mtime), (50, fs.now()));
+        assert_eq!(fs.attr(MetaOp::CommitWrite { ino: ROOT, size: 1 }), Err(FsError::IsDir));
+    }
+}

@@ -84,3 +84,61 @@ pub(crate) fn remove(
     save_inode(kv, &mut rec)?;
     Ok(MetaResponse::Done)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{XATTR_CREATE, XATTR_NAME_LEN_MAX, XATTR_REPLACE};
+    use crate::testing::{Fs, ROOT};
+    use stoa_proto::{MetaOp, MetaResponse};
+    use stoa_types::{FsError, InodeId, XATTR_VALUE_LEN_MAX};
+
+    fn set(fs: &mut Fs, ino: InodeId, name: &str, value: &[u8], flags: u32) -> Result<(), FsError> {
+        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+        fs.call(MetaOp::SetXattr { ino, name, value, flags }).map(|_| ())
+    }
+
+    fn get(fs: &mut Fs, ino: InodeId, name: &str) -> Result<MetaResponse, FsError> {
+        fs.call(MetaOp::GetXattr { ino, name: name.as_bytes().to_vec() })
+    }
+
+    #[test]
+    fn attributes_are_set_read_listed_and_removed() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        let b = fs.create(ROOT, "b").unwrap();
+        set(&mut fs, b.ino, "user.other", b"x", 0).unwrap();
+        set(&mut fs, a.ino, "user.z", b"1", 0).unwrap();
+        set(&mut fs, a.ino, "user.a", b"", 0).unwrap();
+        let attr = fs.getattr(a.ino).unwrap();
+        assert_eq!((attr.ctime, attr.version), (fs.now(), a.version + 2));
+        assert_eq!(get(&mut fs, a.ino, "user.z"), Ok(MetaResponse::Data(b"1".to_vec())));
+        assert_eq!(get(&mut fs, a.ino, "user.a"), Ok(MetaResponse::Data(vec![])));
+        assert_eq!(get(&mut fs, a.ino, "user.none"), Err(FsError::NoAttr));
+        let names = vec![b"user.a".to_vec(), b"user.z".to_vec()];
+        assert_eq!(fs.call(MetaOp::ListXattr { ino: a.ino }), Ok(MetaResponse::Names(names)));
+        let remove = |name: &str| MetaOp::RemoveXattr { ino: a.ino, name: name.into() };
+        fs.call(remove("user.z")).unwrap();
+        assert_eq!(fs.call(remove("user.z")), Err(FsError::NoAttr));
+        assert_eq!(get(&mut fs, a.ino, "user.z"), Err(FsError::NoAttr));
+        let missing = MetaOp::ListXattr { ino: InodeId(99) };
+        assert_eq!(fs.call(missing), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn flags_and_limits_are_checked() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        assert_eq!(set(&mut fs, a.ino, "user.k", b"1", XATTR_REPLACE), Err(FsError::NoAttr));
+        set(&mut fs, a.ino, "user.k", b"1", XATTR_CREATE).unwrap();
+        assert_eq!(set(&mut fs, a.ino, "user.k", b"2", XATTR_CREATE), Err(FsError::Exists));
+        set(&mut fs, a.ino, "user.k", b"3", XATTR_REPLACE).unwrap();
+        assert_eq!(get(&mut fs, a.ino, "user.k"), Ok(MetaResponse::Data(b"3".to_vec())));
+        assert!(matches!(set(&mut fs, a.ino, "user.k", b"", 3), Err(FsError::Invalid(_))));
+        let big = vec![0; XATTR_VALUE_LEN_MAX + 1];
+        assert_eq!(set(&mut fs, a.ino, "user.big", &big, 0), Err(FsError::TooBig));
+        set(&mut fs, a.ino, "user.max", &big[1..], 0).unwrap();
+        let long = "u".repeat(XATTR_NAME_LEN_MAX + 1);
+        assert_eq!(set(&mut fs, a.ino, &long, b"", 0), Err(FsError::Range));
+        assert_eq!(set(&mut fs, a.ino, "", b"", 0), Err(FsError::Range));
+    }
+}
