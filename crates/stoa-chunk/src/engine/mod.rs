@@ -465,7 +465,7 @@ impl Engine {
     ) -> Result<(), FsError> {
         let last = (new_len - 1) / BLOCK;
         let block_start = last * BLOCK;
-        if new_len % BLOCK != 0 {
+        if new_len - block_start < BLOCK {
             let old_stop = (block_start + BLOCK).min(header.len as usize);
             let mut old = vec![0u8; old_stop - block_start];
             read_at(&open_data(paths, false)?, chunk, &mut old, block_start)?;
@@ -488,14 +488,14 @@ fn check_extent(chunk: ChunkId, end: u64) -> Result<(), FsError> {
 }
 
 fn check_block(chunk: ChunkId, header: &Header, block: usize, bytes: &[u8]) -> Result<(), FsError> {
-    let stored = header.crcs.get(block).copied();
     let actual = crc32c::crc32c(bytes);
-    if stored != Some(actual) {
-        return Err(FsError::Checksum(format!(
-            "chunk {chunk} block {block}: header says {stored:08x?}, data has {actual:08x}"
-        )));
+    match header.crcs.get(block) {
+        Some(&stored) if stored == actual => Ok(()),
+        Some(&stored) => Err(FsError::Checksum(format!(
+            "chunk {chunk} block {block}: header says crc {stored:08x}, data has {actual:08x}"
+        ))),
+        None => Err(FsError::Checksum(format!("chunk {chunk} block {block}: header has no crc"))),
     }
-    Ok(())
 }
 
 fn open_data(paths: &Paths, create: bool) -> Result<File, FsError> {

@@ -1,0 +1,326 @@
+//! The chunk server: the engine behind an RPC handler, a copy of meta's chain table, and
+//! chain replication.
+//!
+//! ```text
+//!  request --> fenced? --> chain version == ours? (newer: refresh from meta once)
+//!          --> role check (head / write path / active member)
+//!          --> Read, ListChunks, FetchChunk      -> engine
+//!          --> Write, Truncate (replicate.rs)    -> engine, then the next server
+//!          --> Sync                              -> fdatasync, then the next server
+//!          --> Install                           -> engine (replace whole chunk)
+//! ```
+
+mod locks;
+mod replicate;
+mod resync;
+mod table;
+#[cfg(test)]
+mod tests;
+
+use crate::engine::Engine;
+use bytes::Bytes;
+use locks::OrderLocks;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stoa_net::{Handler, MetaClient, Pool};
+use stoa_proto::{
+    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Reply, Request,
+    Response,
+};
+use stoa_types::{Chain, ChainId, ChunkId, FsError, NodeId, RequestId, SessionId};
+use table::ChainView;
+use tokio::task::JoinSet;
+
+/// How long a call to the next server of a chain (or a resync source) may take. It waits
+/// for the rest of the chain, so it is generous, but short enough that a write stuck on a
+/// stopped successor fails soon after meta has taken that successor out.
+const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Counters of what the server did, for tests now and metrics later.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub syncs: AtomicU64,
+    pub chunks_copied: AtomicU64,
+    pub chunks_dropped: AtomicU64,
+    pub corrupt_reports: AtomicU64,
+}
+
+/// Resync bookkeeping per chain, under one lock so that a table change and a finishing
+/// resync task never both decide that the other will handle a chain.
+#[derive(Debug, Default)]
+struct Resyncs {
+    running: HashSet<ChainId>,
+    /// The chain version each chain was last reported synced at.
+    done: HashMap<ChainId, u64>,
+}
+
+/// One running chunk server.
+pub(crate) struct Server {
+    pub node: NodeId,
+    pub engine: Arc<Engine>,
+    pub stats: Stats,
+    pool: Pool,
+    meta: MetaClient,
+    view: ChainView,
+    order: OrderLocks,
+    resyncs: Mutex<Resyncs>,
+    tasks: Mutex<JoinSet<()>>,
+}
+
+/// Which servers of its chain may answer a request.
+enum Role {
+    Head,
+    WritePath,
+    ActiveMember,
+}
+
+fn meta_request(op: MetaOp) -> MetaRequest {
+    // Chunk servers have no session: registration is keyed by node id, ChunkSynced by
+    // chain version, and both are safe to repeat.
+    MetaRequest { session: SessionId(0), req_id: RequestId(0), op }
+}
+
+impl Server {
+    pub fn new(node: NodeId, engine: Arc<Engine>, pool: Pool, meta: MetaClient) -> Server {
+        Server {
+            node,
+            engine,
+            stats: Stats::default(),
+            pool,
+            meta,
+            view: ChainView::default(),
+            order: OrderLocks::default(),
+            resyncs: Mutex::new(Resyncs::default()),
+            tasks: Mutex::new(JoinSet::new()),
+        }
+    }
+
+    /// Runs `task` until the server stops.
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.lock().expect("task lock poisoned").spawn(task);
+    }
+
+    /// Stops every background task of the server.
+    pub fn stop_tasks(&self) {
+        std::mem::take(&mut *self.tasks.lock().expect("task lock poisoned")).abort_all();
+    }
+
+    /// Runs `f` on the blocking pool: disk I/O never runs on the reactor.
+    async fn disk<T, F>(&self, f: F) -> Result<T, FsError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Engine) -> Result<T, FsError> + Send + 'static,
+    {
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || f(&engine))
+            .await
+            .map_err(|e| FsError::Io(format!("chunk disk task: {e}")))?
+    }
+
+    async fn call_meta(&self, op: MetaOp) -> Result<MetaResponse, FsError> {
+        self.meta.call(meta_request(op)).await
+    }
+
+    /// Calls another chunk server about `chain`.
+    async fn call_peer(
+        &self,
+        addr: SocketAddr,
+        chain: &Chain,
+        op: ChunkOp,
+        payload: Bytes,
+    ) -> Result<(ChunkResponse, Bytes), FsError> {
+        let req =
+            Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+        match self.pool.call(addr, &req, payload, PEER_CALL_TIMEOUT).await? {
+            (Response::Chunk(resp), payload) => Ok((resp, payload)),
+            (other, _) => Err(FsError::Protocol(format!("chunk server {addr} answered {other:?}"))),
+        }
+    }
+
+    /// Tells meta, in the background, that our replica of `chunk` is damaged.
+    fn report_corrupt(&self, chunk: ChunkId, detail: String) {
+        tracing::warn!("chunk {chunk} is corrupt on this server: {detail}");
+        self.stats.corrupt_reports.fetch_add(1, Ordering::Relaxed);
+        let meta = self.meta.clone();
+        let op = MetaOp::ReportCorrupt { node: self.node, chunk, detail };
+        self.spawn(async move {
+            if let Err(e) = meta.call(meta_request(op)).await {
+                tracing::warn!("reporting corrupt chunk {chunk} to meta: {e}");
+            }
+        });
+    }
+
+    /// Passes a checksum error through, reporting it first.
+    fn checked<T>(&self, chunk: ChunkId, result: Result<T, FsError>) -> Result<T, FsError> {
+        if let Err(FsError::Checksum(detail)) = &result {
+            self.report_corrupt(chunk, detail.clone());
+        }
+        result
+    }
+
+    /// Answers one chunk request.
+    pub async fn handle(
+        self: &Arc<Self>,
+        req: ChunkRequest,
+        payload: Bytes,
+    ) -> Result<(ChunkResponse, Bytes), FsError> {
+        self.check_fence()?;
+        let chain = self.chain_for_request(req.chain, req.chain_version).await?;
+        self.check_role(&chain, &req.op)?;
+        if let Some(chunk) = req.op.chunk() {
+            self.check_owner(&chain, chunk)?;
+        }
+        let none = Bytes::new();
+        match req.op {
+            ChunkOp::Read { chunk, offset, len } => {
+                let data = self.disk(move |e| e.read(chunk, offset, len)).await;
+                Ok((ChunkResponse::Data, Bytes::from(self.checked(chunk, data)?)))
+            }
+            ChunkOp::Write { chunk, offset, version } => {
+                let version = self
+                    .mutate(&chain, chunk, ChunkOp::Write { chunk, offset, version }, payload)
+                    .await?;
+                Ok((ChunkResponse::Written { version }, none))
+            }
+            ChunkOp::Truncate { chunk, len, version } => {
+                let version = self
+                    .mutate(&chain, chunk, ChunkOp::Truncate { chunk, len, version }, payload)
+                    .await?;
+                Ok((ChunkResponse::Written { version }, none))
+            }
+            ChunkOp::Sync { chunks } => {
+                self.sync(&chain, chunks).await?;
+                Ok((ChunkResponse::Done, none))
+            }
+            ChunkOp::ListChunks => Ok((ChunkResponse::Chunks(self.list(chain.id).await?), none)),
+            ChunkOp::FetchChunk { chunk } => {
+                let fetched = self.disk(move |e| e.fetch(chunk)).await;
+                let (version, data) = self.checked(chunk, fetched)?;
+                Ok((ChunkResponse::Chunk { version }, Bytes::from(data)))
+            }
+            ChunkOp::Install { chunk, version } => {
+                let _order = self.order.lock(chunk).await;
+                let outcome =
+                    self.disk(move |e| e.install(chunk, version, &payload, false)).await?;
+                Ok((ChunkResponse::Written { version: outcome.version() }, none))
+            }
+        }
+    }
+
+    fn check_role(&self, chain: &Chain, op: &ChunkOp) -> Result<(), FsError> {
+        let role = match op {
+            ChunkOp::Write { version: None, .. } | ChunkOp::Truncate { version: None, .. } => {
+                Role::Head
+            }
+            ChunkOp::Write { .. }
+            | ChunkOp::Truncate { .. }
+            | ChunkOp::Install { .. }
+            | ChunkOp::Sync { .. } => Role::WritePath,
+            ChunkOp::Read { .. } | ChunkOp::ListChunks | ChunkOp::FetchChunk { .. } => {
+                Role::ActiveMember
+            }
+        };
+        let me = self.node;
+        let (ok, what) = match role {
+            Role::Head => (chain.members.first() == Some(&me), "the head"),
+            Role::WritePath => (chain.write_path().any(|n| n == me), "on the write path"),
+            Role::ActiveMember => (chain.members.contains(&me), "an active member"),
+        };
+        if ok {
+            return Ok(());
+        }
+        // Retryable: the caller's table is behind, or it picked a syncing replica.
+        Err(FsError::Unavailable(format!(
+            "chunk server {me} is not {what} of chain {} at version {}",
+            chain.id, chain.version
+        )))
+    }
+
+    /// A chunk must be asked of the chain that stores it; a caller whose table maps it
+    /// elsewhere has another table and must refresh.
+    fn check_owner(&self, chain: &Chain, chunk: ChunkId) -> Result<(), FsError> {
+        let table = self.view.table();
+        match table.chain_for(chunk) {
+            Some(owner) if owner.id == chain.id => Ok(()),
+            _ => Err(FsError::StaleChain { got: chain.version, current: table.version }),
+        }
+    }
+
+    /// The chunks of `chain` this server holds, with their versions.
+    async fn list(&self, chain: ChainId) -> Result<Vec<(ChunkId, u64)>, FsError> {
+        let table = self.view.table();
+        let all = self.disk(|e| e.list()).await?;
+        Ok(all
+            .into_iter()
+            .filter(|(chunk, _)| table.chain_for(*chunk).is_some_and(|c| c.id == chain))
+            .collect())
+    }
+
+    /// Makes `chunks` durable here, then on the rest of the chain.
+    async fn sync(&self, chain: &Chain, chunks: Vec<ChunkId>) -> Result<(), FsError> {
+        let local = chunks.clone();
+        self.disk(move |e| local.iter().try_for_each(|c| e.sync(*c))).await?;
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Some(addr) = self.successor(chain)? {
+            self.call_peer(addr, chain, ChunkOp::Sync { chunks }, Bytes::new()).await?;
+        }
+        Ok(())
+    }
+
+    /// The address of the server after this one on the chain's write path, if any.
+    fn successor(&self, chain: &Chain) -> Result<Option<SocketAddr>, FsError> {
+        let mut path = chain.write_path().skip_while(|n| *n != self.node);
+        path.next();
+        let Some(next) = path.next() else { return Ok(None) };
+        let addr = self.view.table().addr(next).ok_or_else(|| {
+            FsError::Unavailable(format!(
+                "chunk server {next} of chain {} has no address",
+                chain.id
+            ))
+        })?;
+        Ok(Some(addr))
+    }
+}
+
+/// The RPC handler. It holds the server behind a gate that shutdown closes: in-flight
+/// requests finish first, and connections that outlive the server get a retryable error
+/// instead of reaching a closed store.
+pub(crate) struct Service {
+    gate: tokio::sync::RwLock<Option<Arc<Server>>>,
+}
+
+impl Service {
+    pub fn new(server: Arc<Server>) -> Service {
+        Service { gate: tokio::sync::RwLock::new(Some(server)) }
+    }
+
+    /// Waits for in-flight requests, then stops answering; returns the server.
+    pub async fn close(&self) -> Option<Arc<Server>> {
+        self.gate.write().await.take()
+    }
+}
+
+impl Handler for Service {
+    async fn handle(&self, req: Request, payload: Bytes, _peer: SocketAddr) -> (Reply, Bytes) {
+        let gate = self.gate.read().await;
+        let Some(server) = gate.as_ref() else {
+            let err = FsError::Unavailable("chunk server is shut down".into());
+            return (Err(err), Bytes::new());
+        };
+        match req {
+            Request::Chunk(req) => match server.handle(req, payload).await {
+                Ok((resp, payload)) => (Ok(Response::Chunk(resp)), payload),
+                Err(e) => (Err(e), Bytes::new()),
+            },
+            Request::Meta(_) | Request::Raft(_) => {
+                let err = FsError::Invalid(
+                    "this is a chunk server; meta requests go to meta replicas".into(),
+                );
+                (Err(err), Bytes::new())
+            }
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Chain replication of writes and truncates (CRAQ-style, see ARCHITECTURE.md).
+//!
+//! ```text
+//!  client --Write{None}--> head: lock chunk, version = local + 1, apply
+//!                           --Write{Some(v)}--> member: apply if local == v - 1,
+//!                                              skip if local >= v, Stale on a gap
+//!                           <-- Stale ---------  (then: Install whole chunk, resend)
+//!                                              --Write{Some(v)}--> ... tail, syncing
+//!  client <--Written{v}--- head, once every server on the write path answered
+//! ```
+
+use super::Server;
+use bytes::Bytes;
+use std::sync::Arc;
+use stoa_proto::ChunkOp;
+use stoa_types::{Chain, ChunkId, FsError};
+
+impl Server {
+    /// Applies a write or truncate here and passes it down the chain; returns the chunk's
+    /// version. At the head (`version: None`) the version is assigned here, under the
+    /// chunk's ordering lock, which is held until the whole chain has answered.
+    pub(super) async fn mutate(
+        self: &Arc<Self>,
+        chain: &Chain,
+        chunk: ChunkId,
+        op: ChunkOp,
+        payload: Bytes,
+    ) -> Result<u64, FsError> {
+        let _order = self.order.lock(chunk).await;
+        let local_op = op.clone();
+        let data = payload.clone();
+        let applied = self
+            .disk(move |e| match local_op {
+                ChunkOp::Write { offset, version, .. } => e.write(chunk, offset, &data, version),
+                ChunkOp::Truncate { len, version, .. } => e.truncate(chunk, len, version),
+                other => Err(FsError::Invalid(format!("{other:?} is not a chunk mutation"))),
+            })
+            .await;
+        let version = self.checked(chunk, applied)?.version();
+        // Forward even what was skipped here: a server further down may still miss it,
+        // and it skips too if not.
+        let forwarded = match op {
+            ChunkOp::Write { chunk, offset, version: ours } => {
+                ChunkOp::Write { chunk, offset, version: Some(ours.unwrap_or(version)) }
+            }
+            ChunkOp::Truncate { chunk, len, version: ours } => {
+                ChunkOp::Truncate { chunk, len, version: Some(ours.unwrap_or(version)) }
+            }
+            other => other,
+        };
+        self.forward(chain, chunk, forwarded, payload).await?;
+        Ok(version)
+    }
+
+    /// Sends a mutation to the next server of the write path. A successor with a gap
+    /// answers `Stale`: it gets our whole chunk (we hold the chunk's ordering lock, so
+    /// our copy cannot change meanwhile) and then the mutation again, which it skips and
+    /// passes on.
+    async fn forward(
+        &self,
+        chain: &Chain,
+        chunk: ChunkId,
+        op: ChunkOp,
+        payload: Bytes,
+    ) -> Result<(), FsError> {
+        let Some(addr) = self.successor(chain)? else { return Ok(()) };
+        match self.call_peer(addr, chain, op.clone(), payload.clone()).await {
+            Err(FsError::Stale) => {}
+            other => return other.map(|_| ()),
+        }
+        let fetched = self.disk(move |e| e.fetch(chunk)).await;
+        let (version, data) = self.checked(chunk, fetched)?;
+        tracing::info!(
+            "chunk server at {addr} missed writes to chunk {chunk}: installing v{version}"
+        );
+        self.call_peer(addr, chain, ChunkOp::Install { chunk, version }, Bytes::from(data)).await?;
+        self.call_peer(addr, chain, op, payload).await.map(|_| ())
+    }
+}

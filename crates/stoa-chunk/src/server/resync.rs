@@ -1,0 +1,168 @@
+//! Catching up after a return: a server listed as `syncing` on a chain copies from an
+//! active member every chunk whose version differs, drops chunks the member does not
+//! have, and then tells meta it is synced.
+//!
+//! ```text
+//!  table change --> syncing on chain C? --> ListChunks (member) vs our list
+//!     --> per differing chunk: lock, FetchChunk (member), install or drop
+//!     --> ChunkSynced{C, version} to meta  (StaleChain: refresh and start over)
+//! ```
+//!
+//! New writes reach a syncing server through the write path while this runs. Copying a
+//! chunk holds the chunk's ordering lock, and the member is ahead of us on the write
+//! path, so whatever it sends is at least as new as anything we applied: a forced
+//! install is always right, and the version rules keep everything else idempotent.
+
+use super::Server;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use stoa_proto::{ChunkOp, ChunkResponse, MetaOp};
+use stoa_types::{Chain, ChainId, ChunkId, FsError};
+
+/// How long to wait before retrying a resync that failed.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+impl Server {
+    /// Starts a resync task for every chain that lists us as syncing and has none yet.
+    pub(super) fn start_resyncs(self: &Arc<Self>) {
+        let table = self.table();
+        let mut resyncs = self.resyncs.lock().expect("resync lock poisoned");
+        for chain in table.chains.iter().filter(|c| c.syncing.contains(&self.node)) {
+            if resyncs.running.contains(&chain.id)
+                || resyncs.done.get(&chain.id) == Some(&chain.version)
+            {
+                continue;
+            }
+            resyncs.running.insert(chain.id);
+            let server = self.clone();
+            let id = chain.id;
+            self.spawn(async move { server.resync(id).await });
+        }
+    }
+
+    /// Resyncs chain `id` until meta has heard that we are synced at the current version,
+    /// or the chain no longer lists us as syncing.
+    async fn resync(self: Arc<Self>, id: ChainId) {
+        loop {
+            let chain = {
+                // Decided under the resync lock, so that a table change that arrives now
+                // either is seen here or starts a new task.
+                let table = self.table();
+                let mut resyncs = self.resyncs.lock().expect("resync lock poisoned");
+                match table.chain(id) {
+                    Some(c)
+                        if c.syncing.contains(&self.node)
+                            && resyncs.done.get(&id) != Some(&c.version) =>
+                    {
+                        c.clone()
+                    }
+                    _ => {
+                        resyncs.running.remove(&id);
+                        return;
+                    }
+                }
+            };
+            match self.resync_once(&chain).await {
+                Ok(()) => {
+                    tracing::info!(
+                        "chunk server {} synced chain {id} at version {}",
+                        self.node,
+                        chain.version
+                    );
+                    self.resyncs
+                        .lock()
+                        .expect("resync lock poisoned")
+                        .done
+                        .insert(id, chain.version);
+                    continue;
+                }
+                Err(e) => tracing::warn!("resync of chain {id} failed: {e}; retrying"),
+            }
+            if let Err(e) = self.refresh().await {
+                tracing::debug!("refreshing the chain table: {e}");
+            }
+            tokio::time::sleep(RETRY_AFTER).await;
+        }
+    }
+
+    /// One pass: copy from the first member that answers, then report to meta.
+    async fn resync_once(self: &Arc<Self>, chain: &Chain) -> Result<(), FsError> {
+        let table = self.table();
+        let mut last = FsError::Unavailable(format!("chain {} has no active member", chain.id));
+        for &member in chain.members.iter().filter(|m| **m != self.node) {
+            let Some(addr) = table.addr(member) else { continue };
+            match self.copy_from(chain, addr).await {
+                Ok(()) => {
+                    let op = MetaOp::ChunkSynced {
+                        node: self.node,
+                        chain: chain.id,
+                        chain_version: chain.version,
+                    };
+                    return self.call_meta(op).await.map(|_| ());
+                }
+                Err(e) => {
+                    tracing::debug!("resync of chain {} from {addr} failed: {e}", chain.id);
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Brings every chunk of `chain` to the version the member at `addr` has.
+    async fn copy_from(&self, chain: &Chain, addr: std::net::SocketAddr) -> Result<(), FsError> {
+        let theirs: HashMap<ChunkId, u64> = match self
+            .call_peer(addr, chain, ChunkOp::ListChunks, Bytes::new())
+            .await?
+        {
+            (ChunkResponse::Chunks(list), _) => list.into_iter().collect(),
+            (other, _) => return Err(FsError::Protocol(format!("ListChunks answered {other:?}"))),
+        };
+        let ours: HashMap<ChunkId, u64> = self.list(chain.id).await?.into_iter().collect();
+        // After an unclean stop a chunk's data may be newer than its header, so chunks
+        // whose versions agree are checked too.
+        let verify = self.engine.opened_dirty();
+        for (&chunk, &version) in &theirs {
+            let differs = ours.get(&chunk) != Some(&version);
+            if differs || (verify && self.disk(move |e| e.verify(chunk)).await.is_err()) {
+                self.copy_chunk(chain, addr, chunk, !differs).await?;
+            }
+        }
+        for &chunk in ours.keys().filter(|c| !theirs.contains_key(c)) {
+            self.copy_chunk(chain, addr, chunk, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Copies one chunk from the member at `addr` (dropping ours if it has none). `repair`
+    /// replaces our copy even at the same version.
+    async fn copy_chunk(
+        &self,
+        chain: &Chain,
+        addr: std::net::SocketAddr,
+        chunk: ChunkId,
+        repair: bool,
+    ) -> Result<(), FsError> {
+        let _order = self.order.lock(chunk).await;
+        let (version, data) = match self
+            .call_peer(addr, chain, ChunkOp::FetchChunk { chunk }, Bytes::new())
+            .await?
+        {
+            (ChunkResponse::Chunk { version }, data) => (version, data),
+            (other, _) => return Err(FsError::Protocol(format!("FetchChunk answered {other:?}"))),
+        };
+        let ours = self.disk(move |e| e.version(chunk)).await.unwrap_or(0);
+        if ours == version && !repair {
+            return Ok(());
+        }
+        self.disk(move |e| e.install(chunk, version, &data, true)).await?;
+        let counter =
+            if version == 0 { &self.stats.chunks_dropped } else { &self.stats.chunks_copied };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!("resync: chunk {chunk} v{ours} -> v{version} from {addr}");
+        Ok(())
+    }
+}

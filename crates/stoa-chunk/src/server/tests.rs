@@ -1,0 +1,485 @@
+//! Three chunk servers on loopback against a small fake meta whose chain table the test
+//! controls.
+
+use crate::{ChunkConfig, Running};
+use bytes::Bytes;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use stoa_net::{Handler, Pool};
+use stoa_proto::{
+    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaResponse, Reply, Request, Response,
+};
+use stoa_types::{
+    Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, FsError, InodeId, NodeId,
+};
+
+const CLUSTER: ClusterId = ClusterId(0x5707);
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct MetaState {
+    next_node: u64,
+    table: ChainTable,
+    synced: Vec<(NodeId, ChainId, u64)>,
+    corrupt: Vec<(NodeId, ChunkId)>,
+}
+
+/// Answers what chunk servers ask meta, from a table the test sets.
+#[derive(Default)]
+struct FakeMeta {
+    state: Mutex<MetaState>,
+}
+
+impl FakeMeta {
+    fn answer(&self, op: MetaOp) -> Result<MetaResponse, FsError> {
+        let mut s = self.state.lock().unwrap();
+        match op {
+            MetaOp::RegisterChunkServer { node, cluster, addr, .. } => {
+                if let Some(c) = cluster.filter(|c| *c != CLUSTER) {
+                    return Err(FsError::WrongCluster {
+                        expected: CLUSTER.to_string(),
+                        got: c.to_string(),
+                    });
+                }
+                let id = node.unwrap_or_else(|| {
+                    s.next_node += 1;
+                    NodeId(s.next_node)
+                });
+                s.table.nodes.retain(|n| n.id != id);
+                s.table.nodes.push(ChunkNode { id, addr });
+                s.table.version += 1;
+                Ok(MetaResponse::Registered { node: id, cluster: CLUSTER })
+            }
+            MetaOp::ChunkHeartbeat { table_version, .. } => Ok(MetaResponse::Heartbeat {
+                table: (table_version != s.table.version).then(|| s.table.clone()),
+            }),
+            MetaOp::GetChainTable => Ok(MetaResponse::ChainTable(s.table.clone())),
+            MetaOp::ChunkSynced { node, chain, chain_version } => {
+                s.synced.push((node, chain, chain_version));
+                let table_version = s.table.version + 1;
+                let c =
+                    s.table.chains.iter_mut().find(|c| c.id == chain).ok_or(FsError::NotFound)?;
+                if c.version != chain_version {
+                    return Err(FsError::StaleChain { got: chain_version, current: c.version });
+                }
+                c.syncing.retain(|n| *n != node);
+                c.members.push(node);
+                c.version += 1;
+                s.table.version = table_version;
+                Ok(MetaResponse::Done)
+            }
+            MetaOp::ReportCorrupt { node, chunk, .. } => {
+                s.corrupt.push((node, chunk));
+                Ok(MetaResponse::Done)
+            }
+            other => Err(FsError::NotSupported)
+                .inspect_err(|_| tracing::warn!("fake meta got {other:?}")),
+        }
+    }
+
+    /// Sets the one chain of the cluster and bumps the versions.
+    fn set_chain(&self, members: &[NodeId], syncing: &[NodeId]) -> Chain {
+        let mut s = self.state.lock().unwrap();
+        let version = s.table.chains.first().map_or(1, |c| c.version + 1);
+        let chain =
+            Chain { id: ChainId(0), version, members: members.to_vec(), syncing: syncing.to_vec() };
+        s.table.chains = vec![chain.clone()];
+        s.table.version += 1;
+        chain
+    }
+
+    fn table(&self) -> ChainTable {
+        self.state.lock().unwrap().table.clone()
+    }
+}
+
+impl Handler for FakeMeta {
+    async fn handle(&self, req: Request, _: Bytes, _: SocketAddr) -> (Reply, Bytes) {
+        let reply = match req {
+            Request::Meta(m) => self.answer(m.op).map(Response::Meta),
+            _ => Err(FsError::NotSupported),
+        };
+        (reply, Bytes::new())
+    }
+}
+
+struct Cluster {
+    meta: Arc<FakeMeta>,
+    meta_addr: SocketAddr,
+    servers: Vec<Option<Running>>,
+    dirs: Vec<tempfile::TempDir>,
+    pool: Pool,
+}
+
+fn config(dir: &std::path::Path, meta: SocketAddr) -> ChunkConfig {
+    ChunkConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        meta: vec![meta],
+        zone: "z1".into(),
+    }
+}
+
+impl Cluster {
+    /// Three servers, all members of the one chain (head first).
+    async fn start() -> Cluster {
+        let listener = stoa_net::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let meta_addr = listener.local_addr().unwrap();
+        let meta = Arc::new(FakeMeta::default());
+        tokio::spawn(stoa_net::serve(listener, meta.clone()));
+        let mut cluster =
+            Cluster { meta, meta_addr, servers: Vec::new(), dirs: Vec::new(), pool: Pool::new() };
+        for _ in 0..3 {
+            let dir = tempfile::tempdir().unwrap();
+            cluster
+                .servers
+                .push(Some(Running::start(config(dir.path(), meta_addr)).await.unwrap()));
+            cluster.dirs.push(dir);
+        }
+        let nodes: Vec<NodeId> = (0..3).map(|i| cluster.node(i)).collect();
+        cluster.meta.set_chain(&nodes, &[]);
+        cluster.converge().await;
+        cluster
+    }
+
+    fn server(&self, i: usize) -> &Running {
+        self.servers[i].as_ref().expect("server is running")
+    }
+
+    fn node(&self, i: usize) -> NodeId {
+        self.server(i).server.node
+    }
+
+    fn chain(&self) -> Chain {
+        self.meta.table().chains[0].clone()
+    }
+
+    /// Waits until every running server has meta's table.
+    async fn converge(&self) {
+        let want = self.meta.table().version;
+        eventually("servers have the chain table", || {
+            self.servers.iter().flatten().all(|r| r.server.table().version == want)
+        })
+        .await;
+    }
+
+    async fn call(
+        &self,
+        i: usize,
+        chain: &Chain,
+        op: ChunkOp,
+        payload: &[u8],
+    ) -> Result<(ChunkResponse, Bytes), FsError> {
+        let req =
+            Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+        let (resp, payload) = self
+            .pool
+            .call(
+                self.server(i).addr,
+                &req,
+                Bytes::copy_from_slice(payload),
+                Duration::from_secs(10),
+            )
+            .await?;
+        match resp {
+            Response::Chunk(resp) => Ok((resp, payload)),
+            other => panic!("chunk server answered {other:?}"),
+        }
+    }
+
+    async fn write(&self, chain: &Chain, chunk: ChunkId, offset: u32, data: &[u8]) -> u64 {
+        match self
+            .call(0, chain, ChunkOp::Write { chunk, offset, version: None }, data)
+            .await
+            .unwrap()
+            .0
+        {
+            ChunkResponse::Written { version } => version,
+            other => panic!("write answered {other:?}"),
+        }
+    }
+
+    async fn read(&self, i: usize, chain: &Chain, chunk: ChunkId) -> Result<Bytes, FsError> {
+        self.call(i, chain, ChunkOp::Read { chunk, offset: 0, len: 1 << 20 }, b"")
+            .await
+            .map(|(_, data)| data)
+    }
+}
+
+fn chunk(index: u64) -> ChunkId {
+    ChunkId { ino: InodeId(77), index }
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs a test body with a deadline, so that a hang fails instead of stalling the suite.
+async fn bounded(body: impl Future<Output = ()>) {
+    tokio::time::timeout(TEST_TIMEOUT, body).await.expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_the_head_is_readable_from_every_replica() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(c.write(&chain, chunk(0), 0, &data).await, 1);
+        for i in 0..3 {
+            assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), data, "replica {i}");
+            // A chunk nobody wrote reads as a hole.
+            assert!(c.read(i, &chain, chunk(1)).await.unwrap().is_empty());
+        }
+        // Only the head takes client writes.
+        let err = c
+            .call(1, &chain, ChunkOp::Write { chunk: chunk(0), offset: 0, version: None }, b"x")
+            .await;
+        assert!(matches!(err, Err(FsError::Unavailable(ref m)) if m.contains("head")), "{err:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_write_is_idempotent_and_truncate_replicates() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        c.write(&chain, chunk(0), 100, b"hello").await;
+        assert_eq!(c.write(&chain, chunk(0), 100, b"hello").await, 2);
+        let mut want = vec![0u8; 105];
+        want[100..].copy_from_slice(b"hello");
+        for i in 0..3 {
+            assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), want);
+            assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 2);
+        }
+        // A forwarded write that arrives twice is skipped the second time.
+        let again = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2) };
+        c.call(2, &chain, again, b"zzzzz").await.unwrap();
+        assert_eq!(c.read(2, &chain, chunk(0)).await.unwrap(), want);
+        let cut = ChunkOp::Truncate { chunk: chunk(0), len: 102, version: None };
+        assert_eq!(
+            c.call(0, &chain, cut, b"").await.unwrap().0,
+            ChunkResponse::Written { version: 3 }
+        );
+        let remove = ChunkOp::Truncate { chunk: chunk(0), len: 0, version: None };
+        c.call(0, &chain, remove, b"").await.unwrap();
+        for i in 0..3 {
+            assert!(c.read(i, &chain, chunk(0)).await.unwrap().is_empty());
+            assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 0);
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_chain_version_is_refused() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let mut old = c.chain();
+        old.version -= 1;
+        let err = c.read(1, &old, chunk(0)).await.unwrap_err();
+        assert_eq!(err, FsError::StaleChain { got: old.version, current: old.version + 1 });
+        // A version newer than anyone's makes the server ask meta, then refuse.
+        let mut future = c.chain();
+        future.version += 5;
+        let err = c.read(1, &future, chunk(0)).await.unwrap_err();
+        assert!(matches!(err, FsError::StaleChain { .. }), "{err:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_removed_from_a_chain_refuses_reads_and_writes() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let before = c.chain();
+        c.write(&before, chunk(0), 0, b"v1").await;
+        let after = c.meta.set_chain(&[c.node(0), c.node(1)], &[]);
+        c.converge().await;
+        // Old version: stale. New version: not a member any more.
+        assert!(matches!(c.read(2, &before, chunk(0)).await, Err(FsError::StaleChain { .. })));
+        let err = c.read(2, &after, chunk(0)).await.unwrap_err();
+        assert!(
+            matches!(err, FsError::Unavailable(ref m) if m.contains("active member")),
+            "{err:?}"
+        );
+        let forwarded = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2) };
+        assert!(c.call(2, &after, forwarded, b"x").await.is_err());
+        // The shorter chain still takes writes, and the removed server does not see them.
+        c.write(&after, chunk(0), 0, b"v2").await;
+        assert_eq!(c.read(1, &after, chunk(0)).await.unwrap(), &b"v2"[..]);
+        assert_eq!(c.server(2).server.engine.version(chunk(0)).unwrap(), 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_server_resyncs_only_differing_chunks_and_reports_synced() {
+    bounded(async {
+        let mut c = Cluster::start().await;
+        let chain = c.chain();
+        for index in 0..4 {
+            c.write(&chain, chunk(index), 0, format!("first {index}").as_bytes()).await;
+        }
+        // Server 2 goes away; meta takes it out; the chain moves on without it.
+        let gone = c.node(2);
+        c.servers[2].take().unwrap().stop().await;
+        let short = c.meta.set_chain(&[c.node(0), c.node(1)], &[]);
+        c.converge().await;
+        c.write(&short, chunk(0), 0, b"second 0").await;
+        c.write(&short, chunk(9), 0, b"new 9").await;
+        let remove = ChunkOp::Truncate { chunk: chunk(3), len: 0, version: None };
+        c.call(0, &short, remove, b"").await.unwrap();
+        // It returns (same data directory, so the same node id) and meta adds it as syncing.
+        let back = Running::start(config(c.dirs[2].path(), c.meta_addr)).await.unwrap();
+        assert_eq!(back.server.node, gone);
+        c.servers[2] = Some(back);
+        let syncing = c.meta.set_chain(&[c.node(0), c.node(1)], &[gone]);
+        eventually("the server reports it is synced", || {
+            c.meta.state.lock().unwrap().synced.contains(&(gone, ChainId(0), syncing.version))
+        })
+        .await;
+        let stats = &c.server(2).server.stats;
+        assert_eq!(stats.chunks_copied.load(Ordering::Relaxed), 2, "chunks 0 and 9 differ");
+        assert_eq!(stats.chunks_dropped.load(Ordering::Relaxed), 1, "chunk 3 was deleted");
+        c.converge().await;
+        let full = c.chain();
+        assert_eq!(full.members, vec![c.node(0), c.node(1), gone]);
+        for (index, want) in [(0, &b"second 0"[..]), (1, b"first 1"), (3, b""), (9, b"new 9")] {
+            assert_eq!(c.read(2, &full, chunk(index)).await.unwrap(), want, "chunk {index}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_during_a_resync_reach_the_syncing_server() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let short = c.meta.set_chain(&[c.node(0), c.node(1)], &[]);
+        c.converge().await;
+        c.write(&short, chunk(0), 0, b"before").await;
+        c.write(&short, chunk(0), 0, b"BEFORE").await;
+        // Server 2 is syncing. Whether its resync copies the chunk first or the write
+        // finds a gap there (and the tail installs the chunk), it ends with every write.
+        c.meta.set_chain(&[c.node(0), c.node(1)], &[c.node(2)]);
+        loop {
+            let chain = c.chain();
+            let op = ChunkOp::Write { chunk: chunk(0), offset: 6, version: None };
+            match c.call(0, &chain, op, b"+after").await {
+                Ok(_) => break,
+                // The resync may finish first and move the chain on.
+                Err(FsError::StaleChain { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("write failed: {e}"),
+            }
+        }
+        // A write retried after StaleChain may have been applied twice: same bytes, one
+        // more version, on every replica alike.
+        let head = c.server(0).server.engine.fetch(chunk(0)).unwrap();
+        assert_eq!(&head.1[..], b"BEFORE+after");
+        assert_eq!(c.server(2).server.engine.fetch(chunk(0)).unwrap(), head);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_block_is_reported_and_other_replicas_serve_it() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let data = vec![0xabu8; 10_000];
+        c.write(&chain, chunk(5), 0, &data).await;
+        let path = c.dirs[1].path().join("chunks");
+        let file = find_file(&path, &chunk(5).to_string());
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[4097] ^= 0xff;
+        std::fs::write(&file, bytes).unwrap();
+        let err = c.read(1, &chain, chunk(5)).await.unwrap_err();
+        assert!(matches!(err, FsError::Checksum(ref m) if m.contains("block 1")), "{err:?}");
+        eventually("meta hears of the corrupt replica", || {
+            c.meta.state.lock().unwrap().corrupt.contains(&(c.node(1), chunk(5)))
+        })
+        .await;
+        assert_eq!(c.read(0, &chain, chunk(5)).await.unwrap(), data);
+        assert_eq!(c.read(2, &chain, chunk(5)).await.unwrap(), data);
+        // The next write finds the damage at the middle server, which gets a whole copy.
+        c.write(&chain, chunk(5), 4100, b"fix").await;
+        assert_eq!(
+            c.read(1, &chain, chunk(5)).await.unwrap(),
+            c.read(0, &chain, chunk(5)).await.unwrap()
+        );
+    })
+    .await;
+}
+
+fn find_file(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    for fan in std::fs::read_dir(dir).unwrap() {
+        let candidate = fan.unwrap().path().join(name);
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("no file {name} under {}", dir.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_reaches_every_replica() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        c.write(&chain, chunk(0), 0, b"durable").await;
+        let before: Vec<u64> =
+            (0..3).map(|i| c.server(i).server.stats.syncs.load(Ordering::Relaxed)).collect();
+        let (resp, _) = c
+            .call(0, &chain, ChunkOp::Sync { chunks: vec![chunk(0), chunk(1)] }, b"")
+            .await
+            .unwrap();
+        assert_eq!(resp, ChunkResponse::Done);
+        for (i, b) in before.iter().enumerate() {
+            assert_eq!(c.server(i).server.stats.syncs.load(Ordering::Relaxed), b + 1, "server {i}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_errors_are_clear() {
+    bounded(async {
+        let c = Cluster::start().await;
+        // A second server on the same data directory.
+        let err =
+            Running::start(config(c.dirs[0].path(), c.meta_addr)).await.err().unwrap().to_string();
+        assert!(err.contains("in use by another process"), "{err}");
+        // A port in use.
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ChunkConfig { listen: c.server(0).addr, ..config(dir.path(), c.meta_addr) };
+        let err = Running::start(cfg).await.err().unwrap().to_string();
+        assert!(err.contains(&c.server(0).addr.to_string()) && err.contains("in use"), "{err}");
+        // A directory of another cluster.
+        let other = tempfile::tempdir().unwrap();
+        let identity = crate::datadir::Identity { node: NodeId(40), cluster: ClusterId(1) };
+        identity.store(other.path()).unwrap();
+        let err = crate::run(config(other.path(), c.meta_addr), std::future::pending())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("belongs to another cluster"), "{err}");
+        let bad = ChunkConfig { meta: vec![], ..config(other.path(), c.meta_addr) };
+        assert!(crate::run(bad, std::future::pending())
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("meta"));
+    })
+    .await;
+}
