@@ -1,0 +1,526 @@
+//! The FUSE filesystem: each kernel request becomes a task on the tokio runtime that
+//! calls the client and replies, so many requests are in flight at once while fuser's
+//! threads go straight back to reading the device.
+
+use crate::attr::{errno, file_attr, set_time, BLOCK_SIZE_BYTES};
+use crate::dirs::DirStream;
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use stoa_client::{Attr, Client, FileKind, FsError, InodeId, Owner, SetAttr};
+
+/// How long the kernel may cache attributes and entries. Short until capabilities let
+/// meta tell clients when to drop them.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write the kernel sends in one request.
+const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Readahead we ask the kernel for (it may offer less).
+const MAX_READAHEAD_BYTES: u32 = 4 << 20;
+/// Background requests (readahead, async writes) the kernel keeps in flight.
+const MAX_BACKGROUND: u16 = 64;
+
+pub struct StoaFs {
+    client: Client,
+    rt: tokio::runtime::Handle,
+    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
+    next_dir: AtomicU64,
+}
+
+impl StoaFs {
+    pub fn new(client: Client, rt: tokio::runtime::Handle) -> StoaFs {
+        StoaFs { client, rt, dirs: Mutex::new(HashMap::new()), next_dir: AtomicU64::new(1) }
+    }
+
+    /// Runs `op` with a clone of the client on the runtime.
+    fn spawn<F, Fut>(&self, op: F)
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(op(self.client.clone()));
+    }
+
+    fn dir(&self, fh: FileHandle) -> Option<Arc<tokio::sync::Mutex<DirStream>>> {
+        self.dirs.lock().expect("dirs lock poisoned").get(&fh.0).cloned()
+    }
+}
+
+fn ino(i: INodeNo) -> InodeId {
+    InodeId(i.0)
+}
+
+fn fh(h: FileHandle) -> stoa_client::FileHandle {
+    stoa_client::FileHandle(h.0)
+}
+
+fn bytes(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+fn owner(req: &Request) -> Owner {
+    Owner { uid: req.uid(), gid: req.gid() }
+}
+
+fn fail(what: &str, e: &FsError) -> Errno {
+    match e {
+        FsError::Io(_) | FsError::Protocol(_) | FsError::Checksum(_) => {
+            tracing::warn!("{what} failed: {e}")
+        }
+        _ => tracing::debug!("{what} failed: {e}"),
+    }
+    errno(e)
+}
+
+fn reply_entry(reply: ReplyEntry, what: &str, r: Result<Attr, FsError>) {
+    match r {
+        Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
+        Err(e) => reply.error(fail(what, &e)),
+    }
+}
+
+fn reply_attr(reply: ReplyAttr, what: &str, r: Result<Attr, FsError>) {
+    match r {
+        Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+        Err(e) => reply.error(fail(what, &e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, what: &str, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(fail(what, &e)),
+    }
+}
+
+/// Answers an xattr query: the size when asked for 0 bytes, else the data if it fits.
+fn reply_xattr(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, FsError>) {
+    match r {
+        Ok(data) if size == 0 => reply.size(data.len() as u32),
+        Ok(data) if data.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(data) => reply.data(&data),
+        Err(e) => reply.error(fail("xattr", &e)),
+    }
+}
+
+/// Permission bits of a new object: the caller's mode less its umask.
+fn perm(mode: u32, umask: u32) -> u32 {
+    mode & !umask & 0o7777
+}
+
+impl Filesystem for StoaFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE_BYTES);
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD_BYTES) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        // Lookups and listings of one directory may run in parallel: meta orders them.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = bytes(name);
+        self.spawn(|c| async move {
+            reply_entry(reply, "lookup", c.lookup(ino(parent), &name).await);
+        });
+    }
+
+    fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.spawn(|c| async move { reply_attr(reply, "getattr", c.getattr(ino(i)).await) });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        self.spawn(|c| async move { reply_attr(reply, "setattr", c.setattr(ino(i), set).await) });
+    }
+
+    fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        self.spawn(|c| async move {
+            match c.readlink(ino(i)).await {
+                Ok(target) => reply.data(&target),
+                Err(e) => reply.error(fail("readlink", &e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(kind) = FileKind::from_mode(mode).filter(|k| *k != FileKind::Dir) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let (name, owner) = (bytes(name), owner(req));
+        self.spawn(|c| async move {
+            let r = c.create(ino(parent), &name, kind, perm(mode, umask), owner, rdev).await;
+            reply_entry(reply, "mknod", r);
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let (name, owner) = (bytes(name), owner(req));
+        self.spawn(|c| async move {
+            let r = c.mkdir(ino(parent), &name, perm(mode, umask), owner).await;
+            reply_entry(reply, "mkdir", r);
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = bytes(name);
+        self.spawn(|c| async move {
+            reply_empty(reply, "unlink", c.unlink(ino(parent), &name).await);
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = bytes(name);
+        self.spawn(|c| async move {
+            reply_empty(reply, "rmdir", c.rmdir(ino(parent), &name).await);
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let (name, target, owner) = (bytes(link_name), bytes(target.as_os_str()), owner(req));
+        self.spawn(|c| async move {
+            reply_entry(reply, "symlink", c.symlink(ino(parent), &name, &target, owner).await);
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let (name, newname) = (bytes(name), bytes(newname));
+        self.spawn(|c| async move {
+            let r = c.rename(ino(parent), &name, ino(newparent), &newname, flags.bits()).await;
+            reply_empty(reply, "rename", r);
+        });
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let newname = bytes(newname);
+        self.spawn(|c| async move {
+            reply_entry(reply, "link", c.link(ino(i), ino(newparent), &newname).await);
+        });
+    }
+
+    fn open(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // No FOPEN_KEEP_CACHE: the kernel drops its cached pages of the file on every
+        // open, which gives close-to-open coherence with other clients.
+        let handle = self.client.open(ino(i));
+        reply.opened(FileHandle(handle.0), FopenFlags::empty());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.spawn(|c| async move {
+            match c.read(fh(h), offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(fail("read", &e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        self.spawn(|c| async move {
+            match c.write(fh(h), offset, &data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(fail("write", &e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move { reply_empty(reply, "flush", c.flush(fh(h)).await) });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move { reply_empty(reply, "release", c.release(fh(h)).await) });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move { reply_empty(reply, "fsync", c.fsync(fh(h)).await) });
+    }
+
+    fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let id = self.next_dir.fetch_add(1, Ordering::Relaxed);
+        let stream = Arc::new(tokio::sync::Mutex::new(DirStream::new(ino(i))));
+        self.dirs.lock().expect("dirs lock poisoned").insert(id, stream);
+        reply.opened(FileHandle(id), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        h: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(stream) = self.dir(h) else { return reply.error(Errno::EBADF) };
+        self.spawn(|c| async move {
+            let mut stream = stream.lock().await;
+            if offset == 0 {
+                stream.rewind();
+            }
+            let mut at = offset as usize;
+            loop {
+                let (node, kind, name) = match at {
+                    0 => (i, fuser::FileType::Directory, b".".to_vec()),
+                    1 => (i, fuser::FileType::Directory, b"..".to_vec()),
+                    n => match stream.entry(&c, n - 2).await {
+                        Ok(Some(e)) => {
+                            (INodeNo(e.ino.0), crate::attr::file_type(e.kind), e.name.clone())
+                        }
+                        Ok(None) => break,
+                        Err(e) => return reply.error(fail("readdir", &e)),
+                    },
+                };
+                if reply.add(node, at as u64 + 1, kind, OsStr::from_bytes(&name)) {
+                    break;
+                }
+                at += 1;
+            }
+            reply.ok();
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.lock().expect("dirs lock poisoned").remove(&h.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are durable on a meta majority when they return.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(|c| async move {
+            match c.statfs().await {
+                Ok(s) => {
+                    let bs = u64::from(BLOCK_SIZE_BYTES);
+                    let (blocks, free) = (s.total_bytes / bs, s.free_bytes / bs);
+                    // Inodes are not a fixed pool; report plenty free.
+                    let ffree = u64::from(u32::MAX);
+                    let name_max = stoa_types::NAME_LEN_MAX as u32;
+                    reply.statfs(
+                        blocks,
+                        free,
+                        free,
+                        s.files,
+                        ffree,
+                        BLOCK_SIZE_BYTES,
+                        name_max,
+                        BLOCK_SIZE_BYTES,
+                    );
+                }
+                Err(e) => reply.error(fail("statfs", &e)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (name, value) = (bytes(name), value.to_vec());
+        self.spawn(|c| async move {
+            let r = c.setxattr(ino(i), &name, &value, flags as u32).await;
+            reply_empty(reply, "setxattr", r);
+        });
+    }
+
+    fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = bytes(name);
+        self.spawn(|c| async move { reply_xattr(reply, size, c.getxattr(ino(i), &name).await) });
+    }
+
+    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        self.spawn(|c| async move {
+            let names = c.listxattr(ino(i)).await.map(|names| {
+                names
+                    .into_iter()
+                    .flat_map(|mut n| {
+                        n.push(0);
+                        n
+                    })
+                    .collect()
+            });
+            reply_xattr(reply, size, names);
+        });
+    }
+
+    fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = bytes(name);
+        self.spawn(|c| async move {
+            reply_empty(reply, "removexattr", c.removexattr(ino(i), &name).await);
+        });
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // The mount uses default_permissions: the kernel checks access itself.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
+        let (name, owner) = (bytes(name), owner(req));
+        self.spawn(|c| async move {
+            match c.create(ino(parent), &name, kind, perm(mode, umask), owner, 0).await {
+                Ok(attr) => {
+                    let handle = c.open(attr.ino);
+                    let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
+                    reply.created(&TTL, &fa, Generation(0), h, FopenFlags::empty());
+                }
+                Err(e) => reply.error(fail("create", &e)),
+            }
+        });
+    }
+}

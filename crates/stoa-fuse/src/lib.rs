@@ -1,0 +1,138 @@
+//! A thin FUSE adapter over `stoa-client`: it turns kernel requests into client calls
+//! and client answers into kernel replies, and owns the mount's lifecycle.
+//!
+//! ```text
+//!  kernel --/dev/fuse--> fuser threads --spawn--> tokio task: Client call --> reply
+//!
+//!  mount(): check mount point (missing / not a dir / busy / stale -> detach)
+//!        -> Client::connect -> fuser Session (mount + INIT) -> run until
+//!           shutdown resolves (flush all, unmount) or someone unmounts it
+//! ```
+//!
+//! The FUSE node id is the inode number (the root is inode 1, FUSE's root id), so every
+//! hard link of a file is one kernel node. The kernel checks permissions itself
+//! (`default_permissions`) and caches attributes and entries for a short TTL; data goes
+//! through the page cache, so mmap works.
+
+mod attr;
+mod dirs;
+mod error;
+mod fs;
+mod mountpoint;
+
+pub use error::FuseError;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use stoa_client::{Client, ClientConfig};
+
+/// What to mount where.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// Addresses of meta replicas.
+    pub meta: Vec<SocketAddr>,
+    pub mountpoint: PathBuf,
+    /// The client's name, shown in cluster status.
+    pub name: String,
+}
+
+/// Threads reading the FUSE device; they only dispatch, the work runs on tokio.
+const FUSE_THREADS: usize = 4;
+
+/// Mounts the cluster at `cfg.mountpoint` and serves it until `shutdown` resolves (then
+/// flushes every file, unmounts and returns) or the filesystem is unmounted from
+/// outside. Must run inside a multi-threaded tokio runtime.
+pub async fn mount(
+    cfg: MountConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), FuseError> {
+    let requested = cfg.mountpoint.clone();
+    let path = tokio::task::spawn_blocking(move || mountpoint::prepare(&requested))
+        .await
+        .expect("mount point check panicked")?;
+    let client = Client::connect(ClientConfig { meta: cfg.meta, name: cfg.name })
+        .await
+        .map_err(FuseError::Connect)?;
+    let fs = fs::StoaFs::new(client.clone(), tokio::runtime::Handle::current());
+    let config = fuse_config();
+    let at = path.clone();
+    let mut session = tokio::task::spawn_blocking(move || Session::new(fs, &at, &config))
+        .await
+        .expect("FUSE mount panicked")
+        .map_err(|source| FuseError::Mount { path: path.clone(), source })?;
+    tracing::info!("mounted Stoa at {}", path.display());
+    let unmounter = session.unmount_callable();
+    let mut run = tokio::task::spawn_blocking(move || session.run());
+    tokio::pin!(shutdown);
+    let by_shutdown = tokio::select! {
+        _ = &mut run => false,
+        () = &mut shutdown => true,
+    };
+    if by_shutdown {
+        if let Err(e) = client.flush_all().await {
+            tracing::warn!("flushing before unmount: {e}");
+        }
+        unmount(&path, unmounter).await?;
+        let ended = run.await.expect("FUSE session panicked");
+        ended.map_err(|source| FuseError::Session { path: path.clone(), source })?;
+    } else {
+        tracing::info!("{} was unmounted", path.display());
+    }
+    if let Err(e) = client.close().await {
+        tracing::warn!("closing the session: {e}");
+    }
+    Ok(())
+}
+
+/// Unmounts `path`. When the plain unmount fails (files still open), the mount is
+/// detached from the namespace and its FUSE connection aborted, so the session ends.
+async fn unmount(path: &Path, mut unmounter: fuser::SessionUnmounter) -> Result<(), FuseError> {
+    let at = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let dev = std::fs::metadata(&at).ok().map(|m| std::os::unix::fs::MetadataExt::dev(&m));
+        if let Err(e) = unmounter.unmount() {
+            tracing::warn!("unmounting {} failed ({e}); detaching it", at.display());
+            mountpoint::detach(&at)?;
+            if let Some(dev) = dev {
+                abort_connection(dev);
+            }
+        }
+        Ok(())
+    })
+    .await
+    .expect("unmount panicked")
+}
+
+/// Aborts the FUSE connection of device `dev` through fusectl, ending its session even
+/// while files on a detached mount are still open.
+fn abort_connection(dev: u64) {
+    let minor = libc::minor(dev);
+    let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
+    if let Err(e) = std::fs::write(&abort, b"1") {
+        tracing::debug!("aborting the FUSE connection via {abort}: {e}");
+    }
+}
+
+fn fuse_config() -> Config {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut options = vec![
+        MountOption::FSName("stoa".into()),
+        MountOption::Subtype("stoa".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    // As root, fusermount3 stays behind and unmounts if this process dies.
+    if root {
+        options.push(MountOption::AutoUnmount);
+    }
+    let mut config = Config::default();
+    config.mount_options = options;
+    // allow_other needs root, or user_allow_other in /etc/fuse.conf.
+    config.acl = if root { SessionACL::All } else { SessionACL::Owner };
+    config.n_threads = Some(FUSE_THREADS);
+    config
+}
