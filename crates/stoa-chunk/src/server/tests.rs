@@ -483,3 +483,30 @@ async fn startup_errors_are_clear() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unclean_restart_repairs_chunks_whose_data_disagrees_with_their_header() {
+    bounded(async {
+        let mut c = Cluster::start().await;
+        let chain = c.chain();
+        c.write(&chain, chunk(1), 0, &[5u8; 6000]).await;
+        c.write(&chain, chunk(2), 0, b"intact").await;
+        let gone = c.node(2);
+        c.servers[2].take().unwrap().stop().await;
+        c.meta.set_chain(&[c.node(0), c.node(1)], &[]);
+        // As if the process died between writing data and renaming the new header.
+        let file = find_file(&c.dirs[2].path().join("chunks"), &chunk(1).to_string());
+        std::fs::write(&file, [6u8; 6000]).unwrap();
+        std::fs::write(c.dirs[2].path().join("DIRTY"), b"").unwrap();
+        c.servers[2] = Some(Running::start(config(c.dirs[2].path(), c.meta_addr)).await.unwrap());
+        let syncing = c.meta.set_chain(&[c.node(0), c.node(1)], &[gone]);
+        eventually("the server reports it is synced", || {
+            c.meta.state.lock().unwrap().synced.contains(&(gone, ChainId(0), syncing.version))
+        })
+        .await;
+        let stats = &c.server(2).server.stats;
+        assert_eq!(stats.chunks_copied.load(Ordering::Relaxed), 1, "only the torn chunk");
+        assert_eq!(c.server(2).server.engine.fetch(chunk(1)).unwrap().1, vec![5u8; 6000]);
+    })
+    .await;
+}
