@@ -1,0 +1,131 @@
+//! The client against an in-memory cluster: data crosses chunk boundaries, holes read as
+//! zeros, truncate cuts chunk data, retries survive busy servers, orphans get purged.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use stoa_client::{Client, ClientConfig, FileKind, InodeId, Owner, SetAttr};
+use stoa_types::ChunkId;
+use support::fake_cluster::FakeCluster;
+
+const CHUNK: u32 = 64 * 1024;
+const ROOT_OWNER: Owner = Owner { uid: 0, gid: 0 };
+
+async fn setup() -> (FakeCluster, Client) {
+    let cluster = FakeCluster::start(CHUNK).await;
+    let cfg = ClientConfig { meta: vec![cluster.addr], name: "test".into() };
+    let client = Client::connect(cfg).await.unwrap();
+    (cluster, client)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+async fn new_file(client: &Client, name: &[u8]) -> InodeId {
+    client.create(InodeId::ROOT, name, FileKind::File, 0o644, ROOT_OWNER, 0).await.unwrap().ino
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn written_data_reads_back_across_chunk_boundaries() {
+    let (_cluster, client) = setup().await;
+    let ino = new_file(&client, b"big").await;
+    let fh = client.open(ino);
+    let data = pattern(10 * CHUNK as usize + 1234, 7);
+    for (i, piece) in data.chunks(40_000).enumerate() {
+        client.write(fh, (i * 40_000) as u64, piece).await.unwrap();
+    }
+    // Before the flush, the size already counts the buffered bytes.
+    assert_eq!(client.getattr(ino).await.unwrap().size, data.len() as u64);
+    client.flush(fh).await.unwrap();
+    let mut back = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let got = client.read(fh, offset, 100_000).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        offset += got.len() as u64;
+        back.extend(got);
+    }
+    assert_eq!(back.len(), data.len());
+    assert!(back == data, "data differs");
+    client.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holes_read_as_zeros_and_reads_stop_at_the_end() {
+    let (_cluster, client) = setup().await;
+    let ino = new_file(&client, b"sparse").await;
+    let fh = client.open(ino);
+    let far = 3 * u64::from(CHUNK) + 10;
+    client.write(fh, far, b"tail").await.unwrap();
+    client.fsync(fh).await.unwrap();
+    let got = client.read(fh, far - 6, 100).await.unwrap();
+    assert_eq!(got, b"\0\0\0\0\0\0tail");
+    assert!(client.read(fh, far + 4, 10).await.unwrap().is_empty());
+    let zeros = client.read(fh, 5, 1000).await.unwrap();
+    assert_eq!(zeros, vec![0u8; 1000]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_cuts_chunk_data_then_size() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"cut").await;
+    let fh = client.open(ino);
+    client.write(fh, 0, &pattern(3 * CHUNK as usize, 1)).await.unwrap();
+    let set = SetAttr { size: Some(u64::from(CHUNK) + 100), ..Default::default() };
+    assert_eq!(client.setattr(ino, set).await.unwrap().size, u64::from(CHUNK) + 100);
+    {
+        let st = cluster.state.lock().unwrap();
+        assert_eq!(st.chunks[&ChunkId { ino, index: 1 }].len(), 100);
+        assert!(!st.chunks.contains_key(&ChunkId { ino, index: 2 }));
+    }
+    // Growing again reads zeros where the cut data was.
+    let set = SetAttr { size: Some(2 * u64::from(CHUNK)), ..Default::default() };
+    client.setattr(ino, set).await.unwrap();
+    let got = client.read(fh, u64::from(CHUNK) + 90, 20).await.unwrap();
+    assert_eq!(&got[10..], &[0u8; 10]);
+    client.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_chunk_servers_are_retried_and_fsync_syncs_written_chunks() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"retry").await;
+    let fh = client.open(ino);
+    cluster.busy_writes.store(3, Ordering::SeqCst);
+    client.write(fh, 0, b"hello").await.unwrap();
+    client.fsync(fh).await.unwrap();
+    assert_eq!(client.read(fh, 0, 5).await.unwrap(), b"hello");
+    assert!(cluster.state.lock().unwrap().synced.contains(&ChunkId { ino, index: 0 }));
+    assert_eq!(cluster.busy_writes.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlinked_open_file_is_purged_on_last_close() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"orphan").await;
+    let fh = client.open(ino);
+    client.write(fh, 0, b"still here").await.unwrap();
+    client.unlink(InodeId::ROOT, b"orphan").await.unwrap();
+    assert_eq!(client.read(fh, 0, 100).await.unwrap(), b"still here");
+    client.release(fh).await.unwrap();
+    assert_eq!(cluster.state.lock().unwrap().purged, vec![ino.0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_reads_are_served_by_readahead() {
+    let (_cluster, client) = setup().await;
+    let ino = new_file(&client, b"stream").await;
+    let fh = client.open(ino);
+    let data = pattern(6 * CHUNK as usize, 3);
+    client.write(fh, 0, &data).await.unwrap();
+    client.release(fh).await.unwrap();
+    let fh = client.open(ino);
+    let mut back = Vec::new();
+    for offset in (0..data.len()).step_by(16 * 1024) {
+        back.extend(client.read(fh, offset as u64, 16 * 1024).await.unwrap());
+    }
+    assert!(back == data, "data differs");
+}

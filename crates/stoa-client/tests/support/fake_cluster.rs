@@ -1,0 +1,258 @@
+//! An in-memory stand-in for a Stoa cluster (one meta replica and one chunk server on one
+//! address), enough to drive the client end to end without the real servers. It answers
+//! retried mutations (same session and request id) with the first answer, like meta.
+
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use stoa_proto::{
+    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Reply, Request,
+    Response, SessionGrant,
+};
+use stoa_types::{
+    Attr, Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, DirEntry, FileKind, FsError,
+    InodeId, NodeId, SessionId, StatFs, Timestamp,
+};
+
+#[derive(Default)]
+pub struct State {
+    pub attrs: HashMap<u64, Attr>,
+    pub dirs: HashMap<u64, BTreeMap<Vec<u8>, u64>>,
+    pub links: HashMap<u64, Vec<u8>>,
+    pub chunks: HashMap<ChunkId, Vec<u8>>,
+    pub purged: Vec<u64>,
+    pub synced: Vec<ChunkId>,
+    answered: HashMap<(u64, u64), Reply>,
+    next_ino: u64,
+}
+
+pub struct FakeCluster {
+    pub addr: SocketAddr,
+    pub state: Arc<Mutex<State>>,
+    /// Chunk writes still to refuse with `Busy`, to exercise retries.
+    pub busy_writes: Arc<AtomicU32>,
+}
+
+struct Handler {
+    addr: SocketAddr,
+    chunk_size: u32,
+    state: Arc<Mutex<State>>,
+    busy_writes: Arc<AtomicU32>,
+}
+
+fn attr(ino: u64, kind: FileKind, perm: u32) -> Attr {
+    let now = Timestamp::now();
+    Attr {
+        ino: InodeId(ino),
+        kind,
+        perm,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        nlink: 1,
+        rdev: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        version: 1,
+    }
+}
+
+impl FakeCluster {
+    pub async fn start(chunk_size: u32) -> FakeCluster {
+        let listener = stoa_net::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut state = State { next_ino: 2, ..Default::default() };
+        state.attrs.insert(1, attr(1, FileKind::Dir, 0o777));
+        state.dirs.insert(1, BTreeMap::new());
+        let state = Arc::new(Mutex::new(state));
+        let busy_writes = Arc::new(AtomicU32::new(0));
+        let handler = Handler {
+            addr,
+            chunk_size,
+            state: state.clone(),
+            busy_writes: busy_writes.clone(),
+        };
+        tokio::spawn(stoa_net::serve(listener, Arc::new(handler)));
+        FakeCluster { addr, state, busy_writes }
+    }
+}
+
+impl stoa_net::Handler for Handler {
+    async fn handle(&self, req: Request, payload: Bytes, _: SocketAddr) -> (Reply, Bytes) {
+        match req {
+            Request::Meta(m) => (self.meta(m), Bytes::new()),
+            Request::Chunk(c) => self.chunk(c, payload),
+            Request::Raft(_) => (Err(FsError::NotSupported), Bytes::new()),
+        }
+    }
+}
+
+impl Handler {
+    fn meta(&self, req: MetaRequest) -> Reply {
+        let mut st = self.state.lock().unwrap();
+        let key = (req.session.0, req.req_id.0);
+        if req.req_id.0 != 0 {
+            if let Some(first) = st.answered.get(&key) {
+                return first.clone();
+            }
+        }
+        let reply = self.apply(&mut st, req.op).map(Response::Meta);
+        if req.req_id.0 != 0 {
+            st.answered.insert(key, reply.clone());
+        }
+        reply
+    }
+
+    fn apply(&self, st: &mut State, op: MetaOp) -> Result<MetaResponse, FsError> {
+        Ok(match op {
+            MetaOp::OpenSession { .. } => MetaResponse::Session(SessionGrant {
+                session: SessionId(7),
+                cluster: ClusterId(1),
+                chunk_size_bytes: self.chunk_size,
+                lease_ms: 10_000,
+            }),
+            MetaOp::GetChainTable => MetaResponse::ChainTable(ChainTable {
+                version: 1,
+                chains: vec![Chain {
+                    id: ChainId(0),
+                    version: 1,
+                    members: vec![NodeId(1)],
+                    syncing: vec![],
+                }],
+                nodes: vec![ChunkNode { id: NodeId(1), addr: self.addr }],
+            }),
+            MetaOp::Lookup { parent, name } => {
+                let ino = *st.dirs.get(&parent.0).ok_or(FsError::NotDir)?.get(&name).ok_or(FsError::NotFound)?;
+                MetaResponse::Attr(st.attrs[&ino].clone())
+            }
+            MetaOp::GetAttr { ino } => {
+                MetaResponse::Attr(st.attrs.get(&ino.0).cloned().ok_or(FsError::NotFound)?)
+            }
+            MetaOp::SetAttr { ino, set } => {
+                let a = st.attrs.get_mut(&ino.0).ok_or(FsError::NotFound)?;
+                if let Some(size) = set.size {
+                    a.size = size;
+                }
+                if let Some(perm) = set.perm {
+                    a.perm = perm;
+                }
+                MetaResponse::Attr(a.clone())
+            }
+            MetaOp::Create { parent, name, kind, perm, .. } => self.make(st, parent, name, kind, perm)?,
+            MetaOp::Mkdir { parent, name, perm, .. } => {
+                let resp = self.make(st, parent, name, FileKind::Dir, perm)?;
+                if let MetaResponse::Attr(a) = &resp {
+                    st.dirs.insert(a.ino.0, BTreeMap::new());
+                }
+                resp
+            }
+            MetaOp::Symlink { parent, name, target, .. } => {
+                let resp = self.make(st, parent, name, FileKind::Symlink, 0o777)?;
+                if let MetaResponse::Attr(a) = &resp {
+                    st.links.insert(a.ino.0, target);
+                }
+                resp
+            }
+            MetaOp::ReadLink { ino } => {
+                MetaResponse::Data(st.links.get(&ino.0).cloned().ok_or(FsError::Invalid("not a link".into()))?)
+            }
+            MetaOp::Unlink { parent, name, open } => {
+                let ino = st.dirs.get_mut(&parent.0).ok_or(FsError::NotDir)?.remove(&name).ok_or(FsError::NotFound)?;
+                let a = st.attrs.get_mut(&ino).unwrap();
+                a.nlink -= 1;
+                if a.nlink == 0 && !open {
+                    st.attrs.remove(&ino);
+                }
+                MetaResponse::Done
+            }
+            MetaOp::Rename { parent, name, new_parent, new_name, .. } => {
+                let ino = st.dirs.get_mut(&parent.0).ok_or(FsError::NotDir)?.remove(&name).ok_or(FsError::NotFound)?;
+                st.dirs.get_mut(&new_parent.0).ok_or(FsError::NotDir)?.insert(new_name, ino);
+                MetaResponse::Done
+            }
+            MetaOp::ReadDir { ino, after, limit } => {
+                let dir = st.dirs.get(&ino.0).ok_or(FsError::NotDir)?;
+                let mut entries: Vec<DirEntry> = dir
+                    .iter()
+                    .filter(|(n, _)| after.is_empty() || **n > after)
+                    .map(|(n, i)| DirEntry { name: n.clone(), ino: InodeId(*i), kind: st.attrs[i].kind })
+                    .take(limit as usize + 1)
+                    .collect();
+                let more = entries.len() > limit as usize;
+                entries.truncate(limit as usize);
+                MetaResponse::Entries { entries, more }
+            }
+            MetaOp::CommitWrite { ino, size } => {
+                let a = st.attrs.get_mut(&ino.0).ok_or(FsError::NotFound)?;
+                a.size = a.size.max(size);
+                MetaResponse::Attr(a.clone())
+            }
+            MetaOp::Purge { ino } => {
+                st.attrs.remove(&ino.0);
+                st.purged.push(ino.0);
+                MetaResponse::Done
+            }
+            MetaOp::StatFs => MetaResponse::StatFs(StatFs { total_bytes: 1 << 30, free_bytes: 1 << 29, files: st.attrs.len() as u64 }),
+            MetaOp::CloseSession => MetaResponse::Done,
+            _ => return Err(FsError::NotSupported),
+        })
+    }
+
+    fn make(&self, st: &mut State, parent: InodeId, name: Vec<u8>, kind: FileKind, perm: u32) -> Result<MetaResponse, FsError> {
+        let ino = st.next_ino;
+        let dir = st.dirs.get_mut(&parent.0).ok_or(FsError::NotDir)?;
+        if dir.contains_key(&name) {
+            return Err(FsError::Exists);
+        }
+        dir.insert(name, ino);
+        st.next_ino += 1;
+        let a = attr(ino, kind, perm);
+        st.attrs.insert(ino, a.clone());
+        Ok(MetaResponse::Attr(a))
+    }
+
+    fn chunk(&self, req: ChunkRequest, payload: Bytes) -> (Reply, Bytes) {
+        let mut st = self.state.lock().unwrap();
+        let done = |r: ChunkResponse| Ok(Response::Chunk(r));
+        match req.op {
+            ChunkOp::Write { chunk, offset, .. } => {
+                let busy = self.busy_writes.load(Ordering::SeqCst);
+                if busy > 0 {
+                    self.busy_writes.store(busy - 1, Ordering::SeqCst);
+                    return (Err(FsError::Busy), Bytes::new());
+                }
+                let data = st.chunks.entry(chunk).or_default();
+                let end = offset as usize + payload.len();
+                if data.len() < end {
+                    data.resize(end, 0);
+                }
+                data[offset as usize..end].copy_from_slice(&payload);
+                (done(ChunkResponse::Written { version: 1 }), Bytes::new())
+            }
+            ChunkOp::Read { chunk, offset, len } => {
+                let data = st.chunks.get(&chunk).map(|d| {
+                    let start = (offset as usize).min(d.len());
+                    let end = (offset as usize + len as usize).min(d.len());
+                    Bytes::copy_from_slice(&d[start..end])
+                });
+                (done(ChunkResponse::Data), data.unwrap_or_default())
+            }
+            ChunkOp::Truncate { chunk, len, .. } => {
+                if len == 0 {
+                    st.chunks.remove(&chunk);
+                } else if let Some(d) = st.chunks.get_mut(&chunk) {
+                    d.truncate(len as usize);
+                }
+                (done(ChunkResponse::Written { version: 2 }), Bytes::new())
+            }
+            ChunkOp::Sync { chunks } => {
+                st.synced.extend(chunks);
+                (done(ChunkResponse::Done), Bytes::new())
+            }
+            _ => (Err(FsError::NotSupported), Bytes::new()),
+        }
+    }
+}
