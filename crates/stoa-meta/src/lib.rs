@@ -24,6 +24,8 @@
 
 pub mod kv;
 pub mod mem;
+#[cfg(test)]
+mod model_tests;
 mod ops;
 mod store;
 #[cfg(test)]
