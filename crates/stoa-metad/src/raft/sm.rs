@@ -16,6 +16,7 @@ use openraft::{
     SnapshotMeta, StorageError, StoredMembership,
 };
 use redb::{Durability, ReadTransaction, ReadableTable, WriteTransaction};
+use std::cell::RefCell;
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -99,11 +100,13 @@ fn scan_rows(
     Ok(out)
 }
 
-/// [`KvWrite`] over a write transaction. The first storage error is remembered so that
-/// the whole batch is abandoned, whatever the operation made of it.
+/// [`KvWrite`] over a write transaction. The first storage error, of a read as much as
+/// of a write, is remembered so that the whole batch is abandoned, whatever the operation
+/// made of it: a read error that became an answer would be replicated state that only
+/// this replica has.
 struct SmWriter<'t> {
     tables: Vec<(&'static str, WriteTable<'t>)>,
-    failure: Option<String>,
+    failure: RefCell<Option<String>>,
 }
 
 impl<'t> SmWriter<'t> {
@@ -112,7 +115,7 @@ impl<'t> SmWriter<'t> {
         for t in Table::ALL {
             tables.push((t.name(), txn.open_table(sm_table(t.name())).map_err(s)?));
         }
-        Ok(SmWriter { tables, failure: None })
+        Ok(SmWriter { tables, failure: RefCell::new(None) })
     }
 
     fn table(&mut self, t: Table) -> &mut WriteTable<'t> {
@@ -125,18 +128,17 @@ impl<'t> SmWriter<'t> {
         &self.tables.iter().find(|(n, _)| *n == name).expect("every table is opened").1
     }
 
-    fn note<T>(&mut self, r: Result<T, redb::StorageError>) -> Result<T, FsError> {
-        r.map_err(|e| {
-            let e = kv_err(e);
-            self.failure.get_or_insert_with(|| e.to_string());
-            e
+    /// Passes `r` on, remembering its error if it is the batch's first.
+    fn note<T>(&self, r: Result<T, FsError>) -> Result<T, FsError> {
+        r.inspect_err(|e| {
+            self.failure.borrow_mut().get_or_insert_with(|| e.to_string());
         })
     }
 }
 
 impl KvRead for SmWriter<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, FsError> {
-        get_row(self.table_ref(table), key)
+        self.note(get_row(self.table_ref(table), key))
     }
 
     fn scan(
@@ -146,18 +148,18 @@ impl KvRead for SmWriter<'_> {
         to: Option<&[u8]>,
         limit: usize,
     ) -> Result<Rows, FsError> {
-        scan_rows(self.table_ref(table), from, to, limit)
+        self.note(scan_rows(self.table_ref(table), from, to, limit))
     }
 }
 
 impl KvWrite for SmWriter<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), FsError> {
-        let r = self.table(table).insert(key, value).map(|_| ());
+        let r = self.table(table).insert(key, value).map(|_| ()).map_err(kv_err);
         self.note(r)
     }
 
     fn delete(&mut self, table: Table, key: &[u8]) -> Result<(), FsError> {
-        let r = self.table(table).remove(key).map(|_| ());
+        let r = self.table(table).remove(key).map(|_| ()).map_err(kv_err);
         self.note(r)
     }
 }
