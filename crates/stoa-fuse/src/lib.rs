@@ -118,17 +118,17 @@ fn abort_connection(dev: u64) {
 fn fuse_config() -> Config {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
-    let mut options = vec![
+    let options = vec![
         MountOption::FSName("stoa".into()),
         MountOption::Subtype("stoa".into()),
         MountOption::DefaultPermissions,
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
-    // As root, fusermount3 stays behind and unmounts if this process dies.
-    if root {
-        options.push(MountOption::AutoUnmount);
-    }
+    // No AutoUnmount: it hands the unmount to a fusermount3 helper process that does not
+    // survive in every environment (containers), and then unmount on shutdown silently
+    // does nothing. A mount left behind by a killed process is detached by the next
+    // `mount` on that mount point instead.
     let mut config = Config::default();
     config.mount_options = options;
     // allow_other needs root, or user_allow_other in /etc/fuse.conf.

@@ -1,0 +1,355 @@
+//! `stoa dev`: a whole cluster on one machine, mounted, in the foreground.
+//!
+//! ```text
+//!  lock DIR -> layout (ports, fixed at first run) -> spawn meta x N, chunk x M
+//!    -> DIR/cluster.json -> wait for quorum and chains -> mount (until SIGINT/SIGTERM)
+//!    -> unmount -> stop chunk servers, then meta -> remove DIR/cluster.json
+//! ```
+//!
+//! Every node is its own `stoa meta` / `stoa chunk` process on loopback with its own data
+//! directory under DIR, so killing one is a real node failure. The children live in their
+//! own process group (Ctrl-C reaches only this process, which stops them in order) and die
+//! with it if it is killed (PR_SET_PDEATHSIG).
+
+use crate::cluster_file::{ClusterFile, NodeEntry};
+use anyhow::{anyhow, bail, Context};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use stoa_fuse::MountConfig;
+use tokio::sync::watch;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where every node keeps its data, logs and the cluster file.
+    #[arg(long, default_value = "/var/lib/stoa-dev")]
+    dir: PathBuf,
+    /// Where to mount the filesystem.
+    #[arg(long, default_value = "/mnt/stoa")]
+    mount: PathBuf,
+    /// Meta replicas (1, 3 or 5 make sense: a majority must be up).
+    #[arg(long, default_value_t = 3)]
+    meta: usize,
+    /// Chunk servers; each chunk is kept on min(3, this) of them.
+    #[arg(long, default_value_t = 3)]
+    chunk: usize,
+}
+
+/// How long the cluster may take to elect a leader and form its chains.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a node may take to stop after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The ports and replica count, chosen at the first run and kept, so that every restart
+/// brings back the same cluster at the same addresses.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Layout {
+    version: u32,
+    meta_ports: Vec<u16>,
+    chunk_ports: Vec<u16>,
+    replicas: u8,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl Layout {
+    fn path(dir: &Path) -> PathBuf {
+        dir.join("dev-layout.json")
+    }
+
+    /// Loads the layout of an existing dev cluster or makes a new one. More chunk servers
+    /// than last time are added; fewer, or another number of meta replicas, is refused,
+    /// because it would change a cluster that holds data.
+    fn load_or_create(dir: &Path, meta: usize, chunk: usize) -> anyhow::Result<Layout> {
+        let path = Layout::path(dir);
+        let mut layout = match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str::<Layout>(&text).with_context(|| {
+                format!("{} is damaged; remove DIR to start over", path.display())
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Layout {
+                version: 1,
+                meta_ports: (0..meta).map(|_| free_port()).collect::<anyhow::Result<_>>()?,
+                chunk_ports: Vec::new(),
+                replicas: chunk.min(3) as u8,
+            },
+            Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+        };
+        if layout.meta_ports.len() != meta {
+            bail!(
+                "the cluster in {} was created with {} meta replicas, not {meta}; pass --meta {} \
+                 or use another --dir",
+                dir.display(),
+                layout.meta_ports.len(),
+                layout.meta_ports.len()
+            );
+        }
+        if chunk < layout.chunk_ports.len() {
+            bail!(
+                "the cluster in {} has {} chunk servers holding data; pass --chunk {} or more",
+                dir.display(),
+                layout.chunk_ports.len(),
+                layout.chunk_ports.len()
+            );
+        }
+        while layout.chunk_ports.len() < chunk {
+            layout.chunk_ports.push(free_port()?);
+        }
+        let text = serde_json::to_string_pretty(&layout)?;
+        std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+        Ok(layout)
+    }
+}
+
+/// Holds `flock` on `DIR/dev.lock` so that two `stoa dev` never run one cluster.
+struct DirLock {
+    _file: std::fs::File,
+}
+
+fn lock_dir(dir: &Path) -> anyhow::Result<DirLock> {
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join("dev.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    // SAFETY: flock only reads the descriptor, which `file` keeps open.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("another `stoa dev` is running on {}", dir.display());
+    }
+    Ok(DirLock { _file: file })
+}
+
+/// One running child node.
+struct Node {
+    entry: NodeEntry,
+    child: Child,
+}
+
+fn spawn_node(
+    dir: &Path,
+    role: &str,
+    id: u64,
+    addr: SocketAddr,
+    args: Vec<String>,
+) -> anyhow::Result<Node> {
+    let exe = std::env::current_exe().context("find the stoa binary")?;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
+    let log = logs.join(format!("{role}-{id}.log"));
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("open {}", log.display()))?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(&args).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setpgid(0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("start {role} {id}"))?;
+    let mut line = vec![exe.display().to_string()];
+    line.extend(args);
+    let data_dir = dir.join(format!("{role}-{id}"));
+    let entry =
+        NodeEntry { id, role: role.into(), pid: child.id(), addr, data_dir, log, cmd: line };
+    Ok(Node { entry, child })
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn spawn_all(dir: &Path, layout: &Layout) -> anyhow::Result<Vec<Node>> {
+    let metas: Vec<SocketAddr> = layout.meta_ports.iter().map(|p| loopback(*p)).collect();
+    let peers = metas
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let meta_list = metas.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
+    let mut nodes = Vec::new();
+    for (i, addr) in metas.iter().enumerate() {
+        let id = i as u64 + 1;
+        let data = dir.join(format!("meta-{id}"));
+        let mut args = vec![
+            "meta".to_string(),
+            format!("--id={id}"),
+            format!("--listen={addr}"),
+            format!("--data={}", data.display()),
+            format!("--peers={peers}"),
+            format!("--replicas={}", layout.replicas),
+        ];
+        if id == 1 {
+            args.push("--bootstrap".into());
+        }
+        nodes.push(spawn_node(dir, "meta", id, *addr, args)?);
+    }
+    for (j, port) in layout.chunk_ports.iter().enumerate() {
+        let id = j as u64 + 1;
+        let addr = loopback(*port);
+        let data = dir.join(format!("chunk-{id}"));
+        let args = vec![
+            "chunk".to_string(),
+            format!("--listen={addr}"),
+            format!("--data={}", data.display()),
+            format!("--meta={meta_list}"),
+            format!("--zone=zone-{}", j % 3 + 1),
+        ];
+        nodes.push(spawn_node(dir, "chunk", id, addr, args)?);
+    }
+    Ok(nodes)
+}
+
+/// The last lines of a node's log, to explain why it stopped.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n    ")
+}
+
+/// Fails if any node has exited, with the end of its log.
+fn check_alive(nodes: &mut [Node]) -> anyhow::Result<()> {
+    for n in nodes.iter_mut() {
+        if let Some(status) = n.child.try_wait()? {
+            bail!(
+                "{} {} exited ({status}); its log {} ends with:\n    {}",
+                n.entry.role,
+                n.entry.id,
+                n.entry.log.display(),
+                log_tail(&n.entry.log)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Waits until meta has a quorate leader and every chunk server is up in a chain.
+async fn wait_ready(
+    nodes: &mut [Node],
+    metas: Vec<SocketAddr>,
+    chunks: usize,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        check_alive(nodes)?;
+        if let Ok(s) = super::status::fetch(metas.clone()).await {
+            let up = s.chunk_servers.iter().filter(|c| c.up).count();
+            if s.quorate && s.leader.is_some() && up >= chunks && !s.chains.is_empty() {
+                return Ok(());
+            }
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            bail!("the cluster did not become ready within {READY_TIMEOUT:?}; see the logs in DIR/logs");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = stop.changed() => bail!("interrupted while starting"),
+        }
+    }
+}
+
+/// Stops nodes with SIGTERM (chunk servers first, so that no write is cut mid-chain by
+/// a vanishing meta), killing any that outlive the timeout.
+fn stop_all(nodes: &mut [Node]) {
+    for role in ["chunk", "meta"] {
+        let group: Vec<&mut Node> = nodes.iter_mut().filter(|n| n.entry.role == role).collect();
+        for n in &group {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(n.child.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        for n in group {
+            while n.child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    tracing::warn!("{} {} did not stop in time: killing it", role, n.entry.id);
+                    let _ = n.child.kill();
+                    let _ = n.child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn check_args(args: &Args) -> anyhow::Result<()> {
+    if !(1..=9).contains(&args.meta) {
+        bail!("--meta must be 1..=9, got {}", args.meta);
+    }
+    if !(1..=64).contains(&args.chunk) {
+        bail!("--chunk must be 1..=64, got {}", args.chunk);
+    }
+    match std::fs::metadata(&args.mount) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("mount point {} is not a directory", args.mount.display()),
+        Err(e) => Err(anyhow!("mount point {}: {e}", args.mount.display())),
+    }
+}
+
+pub fn main(args: Args) -> anyhow::Result<()> {
+    check_args(&args)?;
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("create {}", args.dir.display()))?;
+    let _lock = lock_dir(&args.dir)?;
+    let layout = Layout::load_or_create(&args.dir, args.meta, args.chunk)?;
+    let rt = crate::signal::runtime()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let signals = rt.block_on(async { crate::signal::shutdown() })?;
+    rt.spawn(async move {
+        signals.await;
+        let _ = stop_tx.send(true);
+    });
+    // Children are spawned on this thread, which lives as long as the command:
+    // PR_SET_PDEATHSIG fires when the spawning thread exits.
+    let mut nodes = spawn_all(&args.dir, &layout)?;
+    let result = rt.block_on(run(&args, &mut nodes, stop_rx));
+    stop_all(&mut nodes);
+    let _ = std::fs::remove_file(ClusterFile::path(&args.dir));
+    if result.is_ok() {
+        eprintln!("stoa dev: stopped; data kept in {}", args.dir.display());
+    }
+    result
+}
+
+async fn run(args: &Args, nodes: &mut [Node], stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let entries = nodes.iter().map(|n| n.entry.clone()).collect();
+    let file = ClusterFile::new(std::process::id(), Some(args.mount.clone()), entries);
+    file.save(&args.dir)?;
+    let metas = file.meta_addrs();
+    let mut waiting = stop.clone();
+    wait_ready(nodes, metas.clone(), args.chunk, &mut waiting).await?;
+    let cfg = MountConfig {
+        meta: metas,
+        mountpoint: args.mount.clone(),
+        name: super::mount::client_name(),
+    };
+    eprintln!(
+        "stoa dev: {} meta replicas and {} chunk servers up; mounting at {} (Ctrl-C to stop)\n  \
+         status: stoa status --dir {}",
+        args.meta,
+        args.chunk,
+        args.mount.display(),
+        args.dir.display()
+    );
+    let mut stop = stop;
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    stoa_fuse::mount(cfg, shutdown)
+        .await
+        .with_context(|| format!("mount at {}", args.mount.display()))
+}

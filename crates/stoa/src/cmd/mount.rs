@@ -1,0 +1,48 @@
+//! `stoa mount`: one client session mounted with FUSE, in the foreground.
+
+use crate::config;
+use anyhow::Context;
+use serde::Deserialize;
+use std::path::PathBuf;
+use stoa_fuse::MountConfig;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where to mount.
+    mountpoint: PathBuf,
+    /// Meta replicas: host:port,host:port,...
+    #[arg(long)]
+    meta: Option<String>,
+    /// A `stoa dev` directory: mount that cluster.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// TOML file with the key `meta`; flags win over it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    meta: Option<String>,
+}
+
+pub fn main(args: Args) -> anyhow::Result<()> {
+    let file: File = config::load_file(args.config.as_deref())?;
+    let meta = super::meta_addrs(args.meta.or(file.meta).as_deref(), args.dir.as_deref())?;
+    let cfg = MountConfig { meta, mountpoint: args.mountpoint, name: client_name() };
+    let rt = crate::signal::runtime()?;
+    rt.block_on(async move {
+        let shutdown = crate::signal::shutdown()?;
+        let at = cfg.mountpoint.display().to_string();
+        stoa_fuse::mount(cfg, shutdown).await.with_context(|| format!("mount at {at}"))
+    })
+}
+
+/// Names this client in meta's session table: host and process.
+pub fn client_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{host}:{}", std::process::id())
+}

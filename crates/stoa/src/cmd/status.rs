@@ -1,0 +1,162 @@
+//! `stoa status`: the cluster at a glance, like corosync-quorumtool: meta members, which
+//! is leader, whether quorum holds, every chunk server up or down with its capacity, and
+//! the chains. `--json` prints the same for scripts.
+
+use anyhow::anyhow;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+use stoa_net::{MetaClient, Pool};
+use stoa_proto::{ClusterStatus, MetaOp, MetaRequest, MetaResponse};
+use stoa_types::{RequestId, SessionId};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Meta replicas: host:port,host:port,... (any one that answers will do).
+    #[arg(long)]
+    meta: Option<String>,
+    /// A `stoa dev` directory: show that cluster.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Asks the replicas in turn for the cluster status.
+pub async fn fetch(addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<ClusterStatus> {
+    let shown = addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
+    let client = MetaClient::new(Pool::new(), addrs, Duration::from_secs(3));
+    let req = MetaRequest { session: SessionId(0), req_id: RequestId(0), op: MetaOp::Status };
+    match client.call(req).await {
+        Ok(MetaResponse::Status(status)) => Ok(status),
+        Ok(other) => Err(anyhow!("meta answered status with {other:?}")),
+        Err(e) => Err(anyhow!("no meta replica answers at {shown}: {e}")),
+    }
+}
+
+pub fn main(args: Args) -> anyhow::Result<()> {
+    let addrs = super::meta_addrs(args.meta.as_deref(), args.dir.as_deref())?;
+    let rt = crate::signal::runtime()?;
+    let status = rt.block_on(fetch(addrs))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&status))?);
+    } else {
+        print!("{}", render(&status));
+    }
+    Ok(())
+}
+
+pub fn to_json(s: &ClusterStatus) -> serde_json::Value {
+    json!({
+        "cluster": s.cluster.to_string(),
+        "answered_by": s.answered_by.0,
+        "meta": {
+            "leader": s.leader.map(|l| l.0),
+            "quorate": s.quorate,
+            "term": s.term,
+            "last_applied": s.last_applied,
+            "members": s.members.iter().map(|m| json!({
+                "id": m.id.0,
+                "addr": m.addr.to_string(),
+                "up": m.up,
+                "voter": m.voter,
+                "leader": Some(m.id) == s.leader,
+                "matched_index": m.matched_index,
+            })).collect::<Vec<_>>(),
+        },
+        "chunk": s.chunk_servers.iter().map(|c| json!({
+            "id": c.id.0,
+            "addr": c.addr.to_string(),
+            "zone": c.zone,
+            "up": c.up,
+            "capacity_bytes": c.capacity_bytes,
+            "used_bytes": c.used_bytes,
+            "last_heartbeat_ms": c.last_heartbeat_ms,
+        })).collect::<Vec<_>>(),
+        "chains": s.chains.iter().map(|c| json!({
+            "id": c.id.0,
+            "version": c.version,
+            "members": c.members.iter().map(|n| n.0).collect::<Vec<_>>(),
+            "syncing": c.syncing.iter().map(|n| n.0).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "table_version": s.table_version,
+        "files": s.files,
+    })
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+/// The human table.
+pub fn render(s: &ClusterStatus) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let up = s.members.iter().filter(|m| m.up).count();
+    let leader = s.leader.map_or("none".to_string(), |l| l.to_string());
+    let _ = writeln!(out, "Cluster      {}", s.cluster);
+    let _ = writeln!(out, "Answered by  meta {}", s.answered_by);
+    let _ = writeln!(
+        out,
+        "Quorate      {}   ({up} of {} meta replicas up, leader {leader}, term {}, applied {})",
+        yes(s.quorate),
+        s.members.len(),
+        s.term,
+        s.last_applied
+    );
+    let _ = writeln!(out, "Files        {}\n", s.files);
+    let _ = writeln!(out, "Meta replicas");
+    let _ = writeln!(out, "  {:<4} {:<22} {:<8} {:<4} LOG", "ID", "ADDRESS", "ROLE", "UP");
+    for m in &s.members {
+        let role = if Some(m.id) == s.leader { "leader" } else { "follower" };
+        let log = m.matched_index.map_or("-".to_string(), |i| i.to_string());
+        let _ = writeln!(
+            out,
+            "  {:<4} {:<22} {:<8} {:<4} {log}",
+            m.id.to_string(),
+            m.addr.to_string(),
+            role,
+            yes(m.up)
+        );
+    }
+    let _ = writeln!(out, "\nChunk servers");
+    let _ =
+        writeln!(out, "  {:<4} {:<22} {:<10} {:<4} USED / CAPACITY", "ID", "ADDRESS", "ZONE", "UP");
+    for c in &s.chunk_servers {
+        let _ = writeln!(
+            out,
+            "  {:<4} {:<22} {:<10} {:<4} {} / {}",
+            c.id.to_string(),
+            c.addr.to_string(),
+            c.zone,
+            yes(c.up),
+            gib(c.used_bytes),
+            gib(c.capacity_bytes)
+        );
+    }
+    let _ = writeln!(out, "\nChains (table version {})", s.table_version);
+    let _ = writeln!(out, "  {:<6} {:<8} {:<16} SYNCING", "CHAIN", "VERSION", "MEMBERS");
+    for c in &s.chains {
+        let ids = |v: &[stoa_types::NodeId]| {
+            v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(",")
+        };
+        let syncing = if c.syncing.is_empty() { "-".to_string() } else { ids(&c.syncing) };
+        let _ = writeln!(
+            out,
+            "  {:<6} {:<8} {:<16} {syncing}",
+            c.id.to_string(),
+            c.version,
+            ids(&c.members)
+        );
+    }
+    out
+}

@@ -1,0 +1,279 @@
+//! A `stoa dev` cluster for end-to-end tests: real processes on loopback, mounted with
+//! FUSE in a temporary directory. Every process a test starts is stopped when the
+//! [`Dev`] is dropped, even when the test fails.
+#![allow(dead_code)] // Each test binary uses its own part of this harness.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const STOA: &str = env!("CARGO_BIN_EXE_stoa");
+
+/// Fails the test early, with a reason, when it cannot mount.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "end-to-end tests mount FUSE and must run as root");
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: install fuse3");
+}
+
+/// Whether `path` is a mount point right now.
+pub fn is_mounted(path: &Path) -> bool {
+    let want = path.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+/// Polls `check` until it holds or `secs` pass.
+pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out after {secs} s waiting until {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub struct Dev {
+    pub dir: PathBuf,
+    pub mnt: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    dev: Option<Child>,
+    /// Nodes this test restarted itself (dev does not know them).
+    restarted: Vec<Child>,
+    meta: usize,
+    chunk: usize,
+}
+
+impl Dev {
+    /// Starts `stoa dev` with `meta` replicas and `chunk` servers in a new directory.
+    pub fn start(meta: usize, chunk: usize) -> Dev {
+        require_root();
+        let tmp = tempfile::Builder::new().prefix("stoa-e2e-").tempdir().unwrap();
+        let dir = tmp.path().join("cluster");
+        let mnt = tmp.path().join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut dev = Dev { dir, mnt, _tmp: Some(tmp), dev: None, restarted: vec![], meta, chunk };
+        dev.launch();
+        dev
+    }
+
+    /// Starts `stoa dev` again on the same directory, after [`Dev::stop`].
+    pub fn launch(&mut self) {
+        std::fs::create_dir_all(&self.dir).unwrap();
+        let log = std::fs::File::create(self.dir.join("../dev.log")).unwrap();
+        let child = Command::new(STOA)
+            .arg("dev")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--mount")
+            .arg(&self.mnt)
+            .arg(format!("--meta={}", self.meta))
+            .arg(format!("--chunk={}", self.chunk))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.dev = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !is_mounted(&self.mnt) {
+            if let Some(status) = self.dev.as_mut().unwrap().try_wait().unwrap() {
+                panic!("stoa dev exited ({status}):\n{}", self.dev_log());
+            }
+            assert!(Instant::now() < deadline, "not mounted after 120 s:\n{}", self.dev_log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn dev_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("../dev.log")).unwrap_or_default()
+    }
+
+    /// Stops `stoa dev` with SIGTERM, as Ctrl-C would, and waits for it.
+    pub fn stop(&mut self) {
+        for mut c in self.restarted.drain(..) {
+            // SAFETY: plain kill(2) of our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+        if let Some(mut dev) = self.dev.take() {
+            // SAFETY: plain kill(2) of our own child.
+            unsafe { libc::kill(dev.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while dev.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = dev.kill();
+                    let _ = dev.wait();
+                    panic!("stoa dev did not stop within 60 s:\n{}", self.dev_log());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        assert!(!is_mounted(&self.mnt), "still mounted after stoa dev stopped");
+    }
+
+    pub fn cluster_file(&self) -> Value {
+        let text = std::fs::read_to_string(self.dir.join("cluster.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// `stoa status --dir DIR --json`.
+    pub fn status(&self) -> Value {
+        let out =
+            Command::new(STOA).args(["status", "--json", "--dir"]).arg(&self.dir).output().unwrap();
+        assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The cluster.json entry of node `id` with `role`.
+    pub fn node(&self, role: &str, id: u64) -> Value {
+        let file = self.cluster_file();
+        file["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["role"] == role && n["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {role} {id} in cluster.json"))
+    }
+
+    /// The id of the meta leader, waiting for one.
+    pub fn leader(&self) -> u64 {
+        let mut leader = None;
+        eventually(30, "meta has a leader", || {
+            leader = self.status()["meta"]["leader"].as_u64();
+            leader.is_some()
+        });
+        leader.unwrap()
+    }
+
+    /// kill -9 of a node started by `stoa dev`.
+    pub fn kill9(&self, role: &str, id: u64) {
+        let pid = self.node(role, id)["pid"].as_i64().unwrap();
+        // SAFETY: plain kill(2).
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0, "kill {role} {id}");
+    }
+
+    /// Starts a killed node again with its command line from cluster.json.
+    pub fn restart_node(&mut self, role: &str, id: u64) {
+        let node = self.node(role, id);
+        let cmd: Vec<String> =
+            node["cmd"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().into()).collect();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(node["log"].as_str().unwrap())
+            .unwrap();
+        let child = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.restarted.push(child);
+    }
+
+    /// Waits until every meta replica and chunk server is up and no chain is short.
+    pub fn wait_healthy(&self, secs: u64) {
+        eventually(secs, "every node is up and every chain whole", || {
+            let s = self.status();
+            let metas = s["meta"]["members"].as_array().unwrap();
+            let chunks = s["chunk"].as_array().unwrap();
+            let chains = s["chains"].as_array().unwrap();
+            let want = self.chunk.min(3);
+            metas.iter().all(|m| m["up"] == true)
+                && chunks.iter().all(|c| c["up"] == true)
+                && chains.iter().all(|c| c["members"].as_array().unwrap().len() == want)
+        });
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        for c in self.restarted.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(dev) = self.dev.as_mut() {
+            // SAFETY: plain kill(2) of our own child.
+            unsafe { libc::kill(dev.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while dev.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = dev.kill();
+            let _ = dev.wait();
+        }
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3").arg("-uz").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// Deterministic file contents: the byte at `offset` of the stream named `seed`.
+pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut word = offset / 8;
+    let mut skip = (offset % 8) as usize;
+    while out.len() < len {
+        let mut x = seed ^ word.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 31;
+        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^= x >> 29;
+        let bytes = x.to_le_bytes();
+        let take = (8 - skip).min(len - out.len());
+        out.extend_from_slice(&bytes[skip..skip + take]);
+        skip = 0;
+        word += 1;
+    }
+    out
+}
+
+/// Runs a shell command, failing the test with its output if it fails.
+pub fn sh(script: &str) -> String {
+    let out = Command::new("bash").arg("-c").arg(script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{script}` failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Compares two trees: same names, same kinds, same bytes, same symlink targets.
+/// Returns how many entries were compared.
+pub fn compare_trees(want: &Path, got: &Path) -> usize {
+    let mut count = 0;
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let (w, g) = (want.join(&rel), got.join(&rel));
+        let wm = std::fs::symlink_metadata(&w).unwrap();
+        let gm = std::fs::symlink_metadata(&g)
+            .unwrap_or_else(|e| panic!("{} missing in the mount: {e}", g.display()));
+        count += 1;
+        if wm.file_type().is_symlink() {
+            assert!(gm.file_type().is_symlink(), "{} is not a symlink", g.display());
+            assert_eq!(std::fs::read_link(&w).unwrap(), std::fs::read_link(&g).unwrap());
+        } else if wm.is_dir() {
+            assert!(gm.is_dir(), "{} is not a directory", g.display());
+            let mut names: Vec<_> =
+                std::fs::read_dir(&w).unwrap().map(|e| e.unwrap().file_name()).collect();
+            let mut got_names: Vec<_> =
+                std::fs::read_dir(&g).unwrap().map(|e| e.unwrap().file_name()).collect();
+            names.sort();
+            got_names.sort();
+            assert_eq!(names, got_names, "listing of {} differs", g.display());
+            stack.extend(names.into_iter().map(|n| rel.join(n)));
+        } else {
+            assert_eq!(wm.len(), gm.len(), "size of {}", g.display());
+            let (wb, gb) = (std::fs::read(&w).unwrap(), std::fs::read(&g).unwrap());
+            assert!(wb == gb, "contents of {} differ", g.display());
+        }
+    }
+    count
+}

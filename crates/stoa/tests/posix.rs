@@ -1,0 +1,233 @@
+//! Everyday POSIX work on a mounted 3+3 cluster behaves like a local filesystem, and the
+//! everyday tools (cp -a, tar, git, rsync, make) work in it.
+
+mod common;
+
+use common::{pattern, sh, Dev};
+use std::ffi::CString;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+fn c(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+fn files_and_data(m: &Path) {
+    let f = m.join("a.txt");
+    std::fs::write(&f, b"hello world").unwrap();
+    assert_eq!(std::fs::read(&f).unwrap(), b"hello world");
+    std::fs::write(&f, b"bye").unwrap();
+    assert_eq!(std::fs::read(&f).unwrap(), b"bye", "overwrite with O_TRUNC");
+    let mut h = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    h.write_all(b"!!").unwrap();
+    drop(h);
+    assert_eq!(std::fs::read(&f).unwrap(), b"bye!!");
+    let mut h = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    h.seek(SeekFrom::Start(1)).unwrap();
+    h.write_all(b"Y").unwrap();
+    h.set_len(4).unwrap();
+    h.sync_all().unwrap();
+    drop(h);
+    assert_eq!(std::fs::read(&f).unwrap(), b"bYe!");
+    // Truncate down then up: the cut bytes come back as zeros, not old data.
+    let h = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    h.set_len(1).unwrap();
+    h.set_len(3).unwrap();
+    drop(h);
+    assert_eq!(std::fs::read(&f).unwrap(), b"b\0\0");
+
+    // A sparse file: a hole reads as zeros and the size is the end of the last write.
+    let s = m.join("sparse");
+    let mut h = std::fs::File::create(&s).unwrap();
+    h.seek(SeekFrom::Start(10 * 1024 * 1024 + 7)).unwrap();
+    h.write_all(b"end").unwrap();
+    drop(h);
+    assert_eq!(std::fs::metadata(&s).unwrap().len(), 10 * 1024 * 1024 + 10);
+    let mut h = std::fs::File::open(&s).unwrap();
+    let mut buf = vec![1u8; 4096];
+    h.seek(SeekFrom::Start(5 * 1024 * 1024)).unwrap();
+    h.read_exact(&mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "a hole must read as zeros");
+}
+
+fn large_file(m: &Path) {
+    // 1 GiB across many chunks, written in 1 MiB pieces, then read back and compared.
+    let f = m.join("large");
+    let mut h = std::fs::File::create(&f).unwrap();
+    const MIB: usize = 1 << 20;
+    for i in 0..1024u64 {
+        h.write_all(&pattern(7, i * MIB as u64, MIB)).unwrap();
+    }
+    h.sync_all().unwrap();
+    drop(h);
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 1 << 30);
+    let mut h = std::fs::File::open(&f).unwrap();
+    let mut buf = vec![0u8; MIB];
+    for i in 0..1024u64 {
+        h.read_exact(&mut buf).unwrap();
+        assert!(buf == pattern(7, i * MIB as u64, MIB), "large file differs in MiB {i}");
+    }
+    std::fs::remove_file(&f).unwrap();
+}
+
+fn directories(m: &Path) {
+    let d = m.join("dir");
+    std::fs::create_dir(&d).unwrap();
+    assert_eq!(std::fs::create_dir(&d).unwrap_err().raw_os_error(), Some(libc::EEXIST));
+    for i in 0..3000 {
+        std::fs::write(d.join(format!("entry-{i:05}")), b"").unwrap();
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 3000);
+    assert_eq!(names[2999], "entry-02999");
+    assert_eq!(std::fs::remove_dir(&d).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    std::fs::remove_dir_all(&d).unwrap();
+    assert!(!d.exists());
+    std::fs::create_dir_all(m.join("x/y/z")).unwrap();
+    assert_eq!(std::fs::metadata(m.join("x")).unwrap().nlink(), 3);
+}
+
+fn names(m: &Path) {
+    std::fs::write(m.join("r1"), b"one").unwrap();
+    std::fs::write(m.join("r2"), b"two").unwrap();
+    std::fs::rename(m.join("r1"), m.join("r2")).unwrap();
+    assert_eq!(std::fs::read(m.join("r2")).unwrap(), b"one", "rename over a target");
+    assert!(!m.join("r1").exists());
+    std::fs::create_dir(m.join("sub")).unwrap();
+    std::fs::rename(m.join("r2"), m.join("sub/r3")).unwrap();
+    assert_eq!(std::fs::read(m.join("sub/r3")).unwrap(), b"one");
+
+    std::fs::hard_link(m.join("sub/r3"), m.join("hl")).unwrap();
+    let (a, b) =
+        (std::fs::metadata(m.join("sub/r3")).unwrap(), std::fs::metadata(m.join("hl")).unwrap());
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(b.nlink(), 2);
+    std::fs::write(m.join("hl"), b"changed").unwrap();
+    assert_eq!(std::fs::read(m.join("sub/r3")).unwrap(), b"changed");
+    std::fs::remove_file(m.join("sub/r3")).unwrap();
+    assert_eq!(std::fs::metadata(m.join("hl")).unwrap().nlink(), 1);
+
+    std::os::unix::fs::symlink("hl", m.join("sl")).unwrap();
+    assert_eq!(std::fs::read_link(m.join("sl")).unwrap(), Path::new("hl"));
+    assert_eq!(std::fs::read(m.join("sl")).unwrap(), b"changed");
+
+    // An unlinked file stays readable through an open handle.
+    let mut h = std::fs::File::open(m.join("hl")).unwrap();
+    std::fs::remove_file(m.join("hl")).unwrap();
+    let mut back = Vec::new();
+    h.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"changed");
+}
+
+fn attributes(m: &Path) {
+    let f = m.join("attrs");
+    std::fs::write(&f, b"x").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, 0o640);
+    // SAFETY: valid C string, plain syscalls.
+    unsafe {
+        assert_eq!(libc::chown(c(&f).as_ptr(), 1234, 5678), 0);
+        let times = [
+            libc::timespec { tv_sec: 1_000_000, tv_nsec: 5 },
+            libc::timespec { tv_sec: 2_000_000, tv_nsec: 7 },
+        ];
+        assert_eq!(libc::utimensat(libc::AT_FDCWD, c(&f).as_ptr(), times.as_ptr(), 0), 0);
+    }
+    let md = std::fs::metadata(&f).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    assert_eq!((md.atime(), md.mtime()), (1_000_000, 2_000_000));
+
+    let name = CString::new("user.color").unwrap();
+    // SAFETY: valid pointers and lengths.
+    unsafe {
+        assert_eq!(libc::setxattr(c(&f).as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0), 0);
+        let mut buf = [0u8; 16];
+        let n = libc::getxattr(c(&f).as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16);
+        assert_eq!(&buf[..n as usize], b"blue");
+        let n = libc::listxattr(c(&f).as_ptr(), buf.as_mut_ptr().cast(), 16);
+        assert_eq!(&buf[..n as usize], b"user.color\0");
+        assert_eq!(libc::removexattr(c(&f).as_ptr(), name.as_ptr()), 0);
+        let n = libc::getxattr(c(&f).as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16);
+        assert_eq!(n, -1);
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(c(m).as_ptr(), &mut st), 0);
+        assert!(st.f_blocks > 0 && st.f_bavail > 0, "statfs reports no space");
+    }
+}
+
+fn mmap_and_fsync(m: &Path) {
+    let f = m.join("mapped");
+    let h = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&f)
+        .unwrap();
+    h.set_len(8192).unwrap();
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: a shared mapping of a file we hold open, 8192 bytes long, unmapped below.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            h.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), p.cast::<u8>().add(4096), 7);
+        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+        libc::munmap(p, 8192);
+    }
+    h.sync_all().unwrap();
+    drop(h);
+    let data = std::fs::read(&f).unwrap();
+    assert_eq!(&data[4096..4103], b"mapped!");
+}
+
+#[test]
+fn everyday_operations_behave_like_a_local_filesystem() {
+    let dev = Dev::start(3, 3);
+    let m = dev.mnt.join("posix");
+    std::fs::create_dir(&m).unwrap();
+    files_and_data(&m);
+    directories(&m);
+    names(&m);
+    attributes(&m);
+    mmap_and_fsync(&m);
+    large_file(&m);
+}
+
+#[test]
+fn cp_tar_git_rsync_and_make_work_in_the_mount() {
+    let dev = Dev::start(3, 3);
+    let (m, scratch) = (dev.mnt.display().to_string(), dev.dir.join("..").display().to_string());
+    sh(&format!(
+        "cp -a /usr/include/linux {m}/linux-cp && diff -r /usr/include/linux {m}/linux-cp"
+    ));
+    sh(&format!("tar cf {scratch}/l.tar -C /usr/include linux && mkdir {m}/t && tar xf {scratch}/l.tar -C {m}/t && diff -r /usr/include/linux {m}/t/linux"));
+    sh(&format!("rsync -a /usr/include/net/ {m}/rs/ && rsync -a /usr/include/net/ {m}/rs/ && diff -r /usr/include/net {m}/rs"));
+    sh(&format!(
+        "set -e; cd {scratch}; mkdir repo; cd repo; git init -q; \
+         git -c user.email=t@t -c user.name=t commit -q --allow-empty -m one; \
+         cp /usr/include/stdio.h .; git add .; git -c user.email=t@t -c user.name=t commit -q -m two; \
+         git clone -q {scratch}/repo {m}/clone; cd {m}/clone; git log --oneline | wc -l | grep -qx 2; \
+         git status --porcelain | wc -l | grep -qx 0; git fsck -q"
+    ));
+    sh(&format!(
+        "set -e; mkdir {m}/cproj; cd {m}/cproj; \
+         printf '#include <stdio.h>\\n#include \"greet.h\"\\nint main(void){{greet();return 0;}}\\n' > main.c; \
+         printf 'void greet(void);\\n' > greet.h; \
+         printf '#include <stdio.h>\\nvoid greet(void){{puts(\"hello from stoa\");}}\\n' > greet.c; \
+         printf 'hello: main.o greet.o\\n\\tcc -o hello main.o greet.o\\n%%.o: %%.c greet.h\\n\\tcc -c $< -o $@\\n' > Makefile; \
+         make -s; ./hello | grep -qx 'hello from stoa'"
+    ));
+}
