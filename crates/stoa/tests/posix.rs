@@ -220,7 +220,7 @@ fn cp_tar_git_rsync_and_make_work_in_the_mount() {
          git -c user.email=t@t -c user.name=t commit -q --allow-empty -m one; \
          cp /usr/include/stdio.h .; git add .; git -c user.email=t@t -c user.name=t commit -q -m two; \
          git clone -q {scratch}/repo {m}/clone; cd {m}/clone; git log --oneline | wc -l | grep -qx 2; \
-         git status --porcelain | wc -l | grep -qx 0; git fsck -q"
+         git status --porcelain | wc -l | grep -qx 0; git fsck --no-progress"
     ));
     sh(&format!(
         "set -e; mkdir {m}/cproj; cd {m}/cproj; \

@@ -69,12 +69,8 @@ impl FakeCluster {
         state.dirs.insert(1, BTreeMap::new());
         let state = Arc::new(Mutex::new(state));
         let busy_writes = Arc::new(AtomicU32::new(0));
-        let handler = Handler {
-            addr,
-            chunk_size,
-            state: state.clone(),
-            busy_writes: busy_writes.clone(),
-        };
+        let handler =
+            Handler { addr, chunk_size, state: state.clone(), busy_writes: busy_writes.clone() };
         tokio::spawn(stoa_net::serve(listener, Arc::new(handler)));
         FakeCluster { addr, state, busy_writes }
     }
@@ -125,7 +121,12 @@ impl Handler {
                 nodes: vec![ChunkNode { id: NodeId(1), addr: self.addr }],
             }),
             MetaOp::Lookup { parent, name } => {
-                let ino = *st.dirs.get(&parent.0).ok_or(FsError::NotDir)?.get(&name).ok_or(FsError::NotFound)?;
+                let ino = *st
+                    .dirs
+                    .get(&parent.0)
+                    .ok_or(FsError::NotDir)?
+                    .get(&name)
+                    .ok_or(FsError::NotFound)?;
                 MetaResponse::Attr(st.attrs[&ino].clone())
             }
             MetaOp::GetAttr { ino } => {
@@ -141,7 +142,9 @@ impl Handler {
                 }
                 MetaResponse::Attr(a.clone())
             }
-            MetaOp::Create { parent, name, kind, perm, .. } => self.make(st, parent, name, kind, perm)?,
+            MetaOp::Create { parent, name, kind, perm, .. } => {
+                self.make(st, parent, name, kind, perm)?
+            }
             MetaOp::Mkdir { parent, name, perm, .. } => {
                 let resp = self.make(st, parent, name, FileKind::Dir, perm)?;
                 if let MetaResponse::Attr(a) = &resp {
@@ -156,11 +159,16 @@ impl Handler {
                 }
                 resp
             }
-            MetaOp::ReadLink { ino } => {
-                MetaResponse::Data(st.links.get(&ino.0).cloned().ok_or(FsError::Invalid("not a link".into()))?)
-            }
+            MetaOp::ReadLink { ino } => MetaResponse::Data(
+                st.links.get(&ino.0).cloned().ok_or(FsError::Invalid("not a link".into()))?,
+            ),
             MetaOp::Unlink { parent, name, open } => {
-                let ino = st.dirs.get_mut(&parent.0).ok_or(FsError::NotDir)?.remove(&name).ok_or(FsError::NotFound)?;
+                let ino = st
+                    .dirs
+                    .get_mut(&parent.0)
+                    .ok_or(FsError::NotDir)?
+                    .remove(&name)
+                    .ok_or(FsError::NotFound)?;
                 let a = st.attrs.get_mut(&ino).unwrap();
                 a.nlink -= 1;
                 if a.nlink == 0 && !open {
@@ -169,7 +177,12 @@ impl Handler {
                 MetaResponse::Done
             }
             MetaOp::Rename { parent, name, new_parent, new_name, .. } => {
-                let ino = st.dirs.get_mut(&parent.0).ok_or(FsError::NotDir)?.remove(&name).ok_or(FsError::NotFound)?;
+                let ino = st
+                    .dirs
+                    .get_mut(&parent.0)
+                    .ok_or(FsError::NotDir)?
+                    .remove(&name)
+                    .ok_or(FsError::NotFound)?;
                 st.dirs.get_mut(&new_parent.0).ok_or(FsError::NotDir)?.insert(new_name, ino);
                 MetaResponse::Done
             }
@@ -178,7 +191,11 @@ impl Handler {
                 let mut entries: Vec<DirEntry> = dir
                     .iter()
                     .filter(|(n, _)| after.is_empty() || **n > after)
-                    .map(|(n, i)| DirEntry { name: n.clone(), ino: InodeId(*i), kind: st.attrs[i].kind })
+                    .map(|(n, i)| DirEntry {
+                        name: n.clone(),
+                        ino: InodeId(*i),
+                        kind: st.attrs[i].kind,
+                    })
                     .take(limit as usize + 1)
                     .collect();
                 let more = entries.len() > limit as usize;
@@ -195,13 +212,24 @@ impl Handler {
                 st.purged.push(ino.0);
                 MetaResponse::Done
             }
-            MetaOp::StatFs => MetaResponse::StatFs(StatFs { total_bytes: 1 << 30, free_bytes: 1 << 29, files: st.attrs.len() as u64 }),
+            MetaOp::StatFs => MetaResponse::StatFs(StatFs {
+                total_bytes: 1 << 30,
+                free_bytes: 1 << 29,
+                files: st.attrs.len() as u64,
+            }),
             MetaOp::CloseSession => MetaResponse::Done,
             _ => return Err(FsError::NotSupported),
         })
     }
 
-    fn make(&self, st: &mut State, parent: InodeId, name: Vec<u8>, kind: FileKind, perm: u32) -> Result<MetaResponse, FsError> {
+    fn make(
+        &self,
+        st: &mut State,
+        parent: InodeId,
+        name: Vec<u8>,
+        kind: FileKind,
+        perm: u32,
+    ) -> Result<MetaResponse, FsError> {
         let ino = st.next_ino;
         let dir = st.dirs.get_mut(&parent.0).ok_or(FsError::NotDir)?;
         if dir.contains_key(&name) {
