@@ -38,6 +38,8 @@ pub struct MountConfig {
     pub name: String,
 }
 
+/// How long shutdown waits for the kernel to end the session after the unmount.
+const SESSION_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Threads reading the FUSE device; they only dispatch, the work runs on tokio.
 const FUSE_THREADS: usize = 4;
 
@@ -75,7 +77,13 @@ pub async fn mount(
             tracing::warn!("flushing before unmount: {e}");
         }
         unmount(&path, unmounter).await?;
-        let ended = run.await.expect("FUSE session panicked");
+        let ended = match tokio::time::timeout(SESSION_END_WAIT, run).await {
+            Ok(ended) => ended.expect("FUSE session panicked"),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the FUSE session did not end after unmount",
+            )),
+        };
         ended.map_err(|source| FuseError::Session { path: path.clone(), source })?;
     } else {
         tracing::info!("{} was unmounted", path.display());
