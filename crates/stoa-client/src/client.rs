@@ -5,7 +5,7 @@ use crate::chunk_io::ChunkIo;
 use crate::file::FileState;
 use crate::readahead::Readahead;
 use crate::session::Session;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     files: Mutex<HashMap<InodeId, Arc<FileState>>>,
     handles: Mutex<HashMap<u64, Arc<OpenHandle>>>,
     next_handle: AtomicU64,
+    /// `(inode, lock owner)` pairs that may hold cluster-wide locks.
+    pub locked: Mutex<HashSet<(InodeId, u64)>>,
 }
 
 struct OpenHandle {
@@ -78,6 +80,7 @@ impl Client {
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            locked: Mutex::new(HashSet::new()),
         };
         Ok(Client { sh: Arc::new(sh) })
     }

@@ -25,6 +25,7 @@ mod chains;
 mod chunk_io;
 mod client;
 mod file;
+mod locks;
 mod namespace;
 mod read;
 mod readahead;
@@ -33,5 +34,7 @@ mod split;
 mod write_buffer;
 
 pub use client::{Client, ClientConfig, FileHandle};
+pub use locks::LockRequest;
 pub use namespace::Owner;
+pub use stoa_proto::{FileLock, LockKind};
 pub use stoa_types::{Attr, DirEntry, FileKind, FsError, InodeId, SetAttr, SetTime, StatFs};

@@ -7,10 +7,10 @@ use crate::dirs::DirStream;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use stoa_client::{Attr, Client, FileKind, FsError, InodeId, Owner, SetAttr};
+use stoa_client::{Attr, Client, FileKind, FsError, InodeId, LockRequest, Owner, SetAttr};
 
 /// How long the kernel may cache attributes and entries. Short until capabilities let
 /// meta tell clients when to drop them.
@@ -30,16 +30,26 @@ const MAX_READAHEAD_BYTES: u32 = 4 << 20;
 /// Background requests (readahead, async writes) the kernel keeps in flight.
 const MAX_BACKGROUND: u16 = 64;
 
+/// The kernel side of the mount, for telling it to drop cached pages and attributes.
+/// Set once the session exists, which is after this filesystem is built.
+pub type Kernel = Arc<std::sync::OnceLock<fuser::Notifier>>;
+
 pub struct StoaFs {
     client: Client,
     rt: tokio::runtime::Handle,
+    kernel: Kernel,
+    /// Lock owners that took locks through each open file. The kernel does not say which
+    /// OFD locks an open file held when it is released, so they are dropped from here.
+    lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_dir: AtomicU64,
 }
 
 impl StoaFs {
-    pub fn new(client: Client, rt: tokio::runtime::Handle) -> StoaFs {
-        StoaFs { client, rt, dirs: Mutex::new(HashMap::new()), next_dir: AtomicU64::new(1) }
+    pub fn new(client: Client, rt: tokio::runtime::Handle, kernel: Kernel) -> StoaFs {
+        let (dirs, next_dir) = (Mutex::new(HashMap::new()), AtomicU64::new(1));
+        let lock_owners = Mutex::new(HashMap::new());
+        StoaFs { client, rt, kernel, lock_owners, dirs, next_dir }
     }
 
     /// Runs `op` with a clone of the client on the runtime.
@@ -127,6 +137,13 @@ impl Filesystem for StoaFs {
         let _ = config.set_max_background(MAX_BACKGROUND);
         // Lookups and listings of one directory may run in parallel: meta orders them.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Without these the kernel keeps fcntl and flock locks to this machine; with them
+        // every lock goes to meta and holds across the cluster.
+        if let Err(missing) =
+            config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS)
+        {
+            tracing::warn!("the kernel cannot pass locks to Stoa ({missing:?}): locks stay local");
+        }
         Ok(())
     }
 
@@ -327,25 +344,83 @@ impl Filesystem for StoaFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        i: INodeNo,
         h: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.spawn(|c| async move { reply_empty(reply, "flush", c.flush(fh(h)).await) });
+        // Any close drops the closing process's POSIX locks on the file.
+        self.spawn(|c| async move {
+            let flushed = c.flush(fh(h)).await;
+            let unlocked = c.release_locks(ino(i), lock_owner.0).await;
+            reply_empty(reply, "flush", flushed.and(unlocked));
+        });
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        i: INodeNo,
         h: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(|c| async move { reply_empty(reply, "release", c.release(fh(h)).await) });
+        // The last close of an open file drops its flock and OFD locks.
+        let mut owners = self.lock_owners.lock().expect("lock owners poisoned").remove(&h.0);
+        let owners: Vec<u64> = owners
+            .get_or_insert_with(HashSet::new)
+            .drain()
+            .chain(lock_owner.map(|o| o.0))
+            .collect();
+        self.spawn(|c| async move {
+            let mut unlocked = Ok(());
+            for owner in owners {
+                unlocked = unlocked.and(c.release_locks(ino(i), owner).await);
+            }
+            reply_empty(reply, "release", c.release(fh(h)).await.and(unlocked));
+        });
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(kind) = crate::locks::kind(typ) else { return reply.error(Errno::EINVAL) };
+        let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
+        self.spawn(|c| crate::locks::getlk(c, ino(i), req, reply));
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        fh_raw: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(kind) = crate::locks::kind(typ) else { return reply.error(Errno::EINVAL) };
+        let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
+        if kind != stoa_client::LockKind::Unlock {
+            let mut owners = self.lock_owners.lock().expect("lock owners poisoned");
+            owners.entry(fh_raw.0).or_default().insert(lock_owner.0);
+        }
+        let kernel = self.kernel.clone();
+        self.spawn(|c| crate::locks::setlk(c, kernel, ino(i), req, sleep, reply));
     }
 
     fn fsync(

@@ -18,6 +18,7 @@ mod attr;
 mod dirs;
 mod error;
 mod fs;
+mod locks;
 mod mountpoint;
 
 pub use error::FuseError;
@@ -57,7 +58,8 @@ pub async fn mount(
     let client = Client::connect(ClientConfig { meta: cfg.meta, name: cfg.name })
         .await
         .map_err(FuseError::Connect)?;
-    let fs = fs::StoaFs::new(client.clone(), tokio::runtime::Handle::current());
+    let kernel = fs::Kernel::default();
+    let fs = fs::StoaFs::new(client.clone(), tokio::runtime::Handle::current(), kernel.clone());
     let config = fuse_config();
     let at = path.clone();
     let mut session = tokio::task::spawn_blocking(move || Session::new(fs, &at, &config))
@@ -65,6 +67,7 @@ pub async fn mount(
         .expect("FUSE mount panicked")
         .map_err(|source| FuseError::Mount { path: path.clone(), source })?;
     tracing::info!("mounted Stoa at {}", path.display());
+    let _ = kernel.set(session.notifier());
     let unmounter = session.unmount_callable();
     let mut run = tokio::task::spawn_blocking(move || session.run());
     tokio::pin!(shutdown);
@@ -76,7 +79,10 @@ pub async fn mount(
         if let Err(e) = client.flush_all().await {
             tracing::warn!("flushing before unmount: {e}");
         }
-        unmount(&path, unmounter).await?;
+        if let Err(e) = unmount(&path, unmounter).await {
+            close(&client).await;
+            return Err(e);
+        }
         let ended = match tokio::time::timeout(SESSION_END_WAIT, run).await {
             Ok(ended) => ended.expect("FUSE session panicked"),
             Err(_) => Err(std::io::Error::new(
@@ -84,14 +90,20 @@ pub async fn mount(
                 "the FUSE session did not end after unmount",
             )),
         };
-        ended.map_err(|source| FuseError::Session { path: path.clone(), source })?;
-    } else {
-        tracing::info!("{} was unmounted", path.display());
+        // The session is closed either way, so that meta releases what it held (locks)
+        // at once instead of when its lease runs out.
+        close(&client).await;
+        return ended.map_err(|source| FuseError::Session { path: path.clone(), source });
     }
+    tracing::info!("{} was unmounted", path.display());
+    close(&client).await;
+    Ok(())
+}
+
+async fn close(client: &Client) {
     if let Err(e) = client.close().await {
         tracing::warn!("closing the session: {e}");
     }
-    Ok(())
 }
 
 /// Unmounts `path`. When the plain unmount fails (files still open), the mount is
@@ -116,10 +128,19 @@ async fn unmount(path: &Path, mut unmounter: fuser::SessionUnmounter) -> Result<
 /// Aborts the FUSE connection of device `dev` through fusectl, ending its session even
 /// while files on a detached mount are still open.
 fn abort_connection(dev: u64) {
+    const FUSECTL: &str = "/sys/fs/fuse/connections";
     let minor = libc::minor(dev);
-    let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
+    let abort = format!("{FUSECTL}/{minor}/abort");
+    if !std::path::Path::new(&abort).exists() {
+        // fusectl is often not mounted in containers; as root we can mount it.
+        let status = std::process::Command::new("mount")
+            .args(["-t", "fusectl", "fusectl", FUSECTL])
+            .stderr(std::process::Stdio::null())
+            .status();
+        tracing::debug!("mounting fusectl on {FUSECTL}: {status:?}");
+    }
     if let Err(e) = std::fs::write(&abort, b"1") {
-        tracing::debug!("aborting the FUSE connection via {abort}: {e}");
+        tracing::warn!("aborting the FUSE connection via {abort}: {e}");
     }
 }
 

@@ -31,11 +31,15 @@ pub enum Table {
     Garbage,
     /// Inode number -> nothing: files with no links left that a client still has open.
     Orphans,
+    /// Inode ++ session ++ lock owner ++ start -> a held POSIX lock.
+    Locks,
+    /// Session ++ inode -> nothing: where a session holds locks.
+    SessionLocks,
 }
 
 impl Table {
     /// Every table, so that stores can create them all and snapshots can dump them all.
-    pub const ALL: [Table; 12] = [
+    pub const ALL: [Table; 14] = [
         Table::Inodes,
         Table::Dentries,
         Table::Symlinks,
@@ -48,6 +52,8 @@ impl Table {
         Table::Chains,
         Table::Garbage,
         Table::Orphans,
+        Table::Locks,
+        Table::SessionLocks,
     ];
 
     /// The table's stable name in a store and in snapshots. Never rename one: stores and
@@ -66,6 +72,8 @@ impl Table {
             Table::Chains => "chains",
             Table::Garbage => "garbage",
             Table::Orphans => "orphans",
+            Table::Locks => "locks",
+            Table::SessionLocks => "session_locks",
         }
     }
 }

@@ -100,6 +100,12 @@ fn apply_client(
             return atomic(kv, |kv| ops::session::open(kv, client, now))
         }
         MetaOp::CloseSession => return atomic(kv, |kv| ops::session::close(kv, req.session)),
+        MetaOp::SetLock { lock, .. } if lock.owner.session != req.session => {
+            return Err(FsError::Invalid(format!(
+                "session {} cannot change a lock of session {}",
+                req.session, lock.owner.session
+            )))
+        }
         _ => {}
     }
     if !ops::session::is_open(kv, req.session)? {

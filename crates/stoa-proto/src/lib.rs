@@ -26,8 +26,8 @@ pub use frame::{
     PAYLOAD_LEN_MAX,
 };
 pub use meta::{
-    ChunkServerStatus, ClusterStatus, MetaMemberStatus, MetaOp, MetaRequest, MetaResponse,
-    SessionGrant,
+    ChunkServerStatus, ClusterStatus, FileLock, LockKind, LockOwner, MetaMemberStatus, MetaOp,
+    MetaRequest, MetaResponse, SessionGrant,
 };
 
 use serde::{Deserialize, Serialize};

@@ -157,6 +157,51 @@ pub enum MetaOp {
         chunk: ChunkId,
         detail: String,
     },
+    /// Takes, changes or drops a POSIX byte-range lock (`fcntl` F_SETLK, OFD locks, and
+    /// `flock` as a whole-file lock of the open file). Never waits: a conflict answers
+    /// `WouldBlock`, and a waiting caller (F_SETLKW) polls with [`MetaOp::GetLock`].
+    SetLock {
+        ino: InodeId,
+        lock: FileLock,
+    },
+    /// The first lock of another owner that conflicts with `lock`, if any (F_GETLK).
+    /// Answered with [`MetaResponse::Lock`].
+    GetLock {
+        ino: InodeId,
+        lock: FileLock,
+    },
+}
+
+/// Who holds a lock: a process (POSIX locks) or an open file (OFD and flock locks) of
+/// one client session. Locks of one owner never conflict with each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LockOwner {
+    pub session: SessionId,
+    /// The kernel's lock owner id, unique within the session.
+    pub owner: u64,
+}
+
+/// What a lock request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockKind {
+    /// Shared: any number of readers.
+    Read,
+    /// Exclusive.
+    Write,
+    /// Drops the owner's locks in the range.
+    Unlock,
+}
+
+/// One byte-range lock, or a request for one. `end` is inclusive; `u64::MAX` (or the
+/// kernel's `OFFSET_MAX`) reaches the end of the file, however far it grows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLock {
+    pub owner: LockOwner,
+    pub start: u64,
+    pub end: u64,
+    pub kind: LockKind,
+    /// The holder's process id on its own machine, reported by F_GETLK.
+    pub pid: u32,
 }
 
 impl MetaOp {
@@ -175,6 +220,7 @@ impl MetaOp {
                 | MetaOp::Status
                 | MetaOp::ChunkHeartbeat { .. }
                 | MetaOp::ReportCorrupt { .. }
+                | MetaOp::GetLock { .. }
         )
     }
 }
@@ -196,13 +242,23 @@ pub enum MetaResponse {
     Session(SessionGrant),
     Attr(Attr),
     Data(Vec<u8>),
-    Entries { entries: Vec<DirEntry>, more: bool },
+    Entries {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     Names(Vec<Vec<u8>>),
     StatFs(StatFs),
     ChainTable(ChainTable),
     Status(ClusterStatus),
-    Registered { node: NodeId, cluster: ClusterId },
-    Heartbeat { table: Option<ChainTable> },
+    Registered {
+        node: NodeId,
+        cluster: ClusterId,
+    },
+    Heartbeat {
+        table: Option<ChainTable>,
+    },
+    /// The conflicting lock found by [`MetaOp::GetLock`], or `None` when the range is free.
+    Lock(Option<FileLock>),
 }
 
 /// One meta replica as the cluster sees it.

@@ -66,6 +66,8 @@ pub enum FsError {
     Protocol(String),
     #[error("wrong cluster: expected {expected}, got {got}")]
     WrongCluster { expected: String, got: String },
+    #[error("interrupted")]
+    Interrupted,
 }
 
 impl FsError {
@@ -90,6 +92,7 @@ impl FsError {
             FsError::Deadlock => libc::EDEADLK,
             FsError::WouldBlock => libc::EAGAIN,
             FsError::Stale => libc::ESTALE,
+            FsError::Interrupted => libc::EINTR,
             FsError::Checksum(_)
             | FsError::SessionExpired
             | FsError::Io(_)

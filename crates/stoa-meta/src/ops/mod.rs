@@ -8,6 +8,7 @@ pub(crate) mod chains;
 pub(crate) mod cluster;
 pub(crate) mod create;
 pub(crate) mod link;
+pub(crate) mod locks;
 pub(crate) mod lookup;
 pub(crate) mod readdir;
 pub(crate) mod rename;
@@ -66,6 +67,7 @@ pub(crate) fn mutate(
         }
         MetaOp::RemoveXattr { ino, name } => xattr::remove(kv, *ino, name, now),
         MetaOp::OpenSession { client } => session::open(kv, client, now),
+        MetaOp::SetLock { ino, lock } => locks::set(kv, *ino, lock),
         MetaOp::RegisterChunkServer { node, cluster, addr, zone, capacity_bytes, used_bytes } => {
             let reg = chains::Registration {
                 node: *node,
@@ -96,6 +98,7 @@ pub(crate) fn query(kv: &impl KvRead, op: &MetaOp) -> Result<MetaResponse, FsErr
         MetaOp::ReadDir { ino, after, limit } => readdir::readdir(kv, *ino, after, *limit),
         MetaOp::GetXattr { ino, name } => xattr::get(kv, *ino, name),
         MetaOp::ListXattr { ino } => xattr::list(kv, *ino),
+        MetaOp::GetLock { ino, lock } => locks::get(kv, *ino, lock),
         MetaOp::GetChainTable => Ok(MetaResponse::ChainTable(crate::store::load_chains(kv)?)),
         other => Err(FsError::Invalid(format!(
             "{} is not answered by the namespace state machine",

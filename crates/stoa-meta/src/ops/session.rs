@@ -61,6 +61,7 @@ pub(crate) fn open(
 pub(crate) fn close(kv: &mut impl KvWrite, session: SessionId) -> Result<MetaResponse, FsError> {
     kv.delete(Table::Sessions, &session_key(session))?;
     delete_prefix(kv, Table::Dedup, &session_key(session))?;
+    super::locks::release_session(kv, session)?;
     Ok(MetaResponse::Done)
 }
 

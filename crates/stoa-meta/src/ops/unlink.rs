@@ -92,6 +92,7 @@ fn release(kv: &mut impl KvWrite, rec: &InodeRec) -> Result<(), FsError> {
     kv.delete(Table::Orphans, &key)?;
     kv.delete(Table::Symlinks, &key)?;
     delete_prefix(kv, Table::Xattrs, &key)?;
+    super::locks::release_inode(kv, rec.attr.ino)?;
     if rec.attr.kind == FileKind::File {
         store::put(kv, Table::Garbage, &key, &rec.attr.size)?;
     }

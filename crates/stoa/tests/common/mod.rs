@@ -277,3 +277,57 @@ pub fn compare_trees(want: &Path, got: &Path) -> usize {
     }
     count
 }
+
+/// A second client: `stoa mount --dir DIR MNT`, its own session and caches, stopped
+/// (SIGTERM, as an operator would) when dropped.
+pub struct Mount {
+    pub path: PathBuf,
+    child: Child,
+}
+
+impl Mount {
+    pub fn new(dev: &Dev, name: &str) -> Mount {
+        let path = dev.dir.join(format!("../{name}"));
+        std::fs::create_dir_all(&path).unwrap();
+        let path = path.canonicalize().unwrap();
+        let log = std::fs::File::create(dev.dir.join(format!("../{name}.log"))).unwrap();
+        let mut child = Command::new(STOA)
+            .args(["mount", "--dir"])
+            .arg(&dev.dir)
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(&path) {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("stoa mount exited early ({status})");
+            }
+            assert!(Instant::now() < deadline, "second mount not up after 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Mount { path, child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if is_mounted(&self.path) {
+            let _ = Command::new("fusermount3").arg("-uz").arg(&self.path).status();
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! POSIX locks hold across mounts: two mounts of one cluster behave like two machines
+//! (separate sessions, separate caches). fcntl, OFD and flock locks are tested through
+//! Python's `fcntl` module, from processes on both mounts.
+
+mod common;
+
+use common::{sh, Dev, Mount};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Increments the number in FILE N times, each under an exclusive lock of KIND
+/// (`fcntl`, `ofd` or `flock`), reopening the file every time.
+const COUNTER: &str = r#"
+import fcntl, os, struct, sys
+path, n, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for _ in range(n):
+    fd = os.open(path, os.O_RDWR)
+    if kind == "flock":
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    elif kind == "ofd":
+        fcntl.fcntl(fd, 38, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))  # F_OFD_SETLKW
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+    value = int(os.pread(fd, 64, 0) or b"0")
+    data = b"%d\n" % (value + 1)
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    if kind == "fcntl":
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+    os.close(fd)
+"#;
+
+fn counter_run(file: &Path, n: u32, kind: &str) -> Child {
+    Command::new("python3")
+        .args(["-c", COUNTER])
+        .arg(file)
+        .arg(n.to_string())
+        .arg(kind)
+        .spawn()
+        .unwrap()
+}
+
+fn wait_all(children: Vec<Child>) {
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a locking process failed");
+    }
+}
+
+#[test]
+fn locks_serialize_processes_on_two_mounts() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    for kind in ["fcntl", "flock", "ofd"] {
+        let name = format!("counter-{kind}");
+        std::fs::write(dev.mnt.join(&name), b"0\n").unwrap();
+        let runs = vec![
+            counter_run(&dev.mnt.join(&name), 25, kind),
+            counter_run(&dev.mnt.join(&name), 25, kind),
+            counter_run(&other.path.join(&name), 25, kind),
+            counter_run(&other.path.join(&name), 25, kind),
+        ];
+        wait_all(runs);
+        let text = std::fs::read_to_string(other.path.join(&name)).unwrap();
+        assert_eq!(text.trim(), "100", "{kind} locks lost increments");
+    }
+}
+
+/// Holds an exclusive fcntl lock on FILE until stdin closes, printing "locked".
+const HOLDER: &str = r#"
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn getlk_sees_a_holder_on_the_other_mount_and_a_waiter_wakes_when_it_exits() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let file = dev.mnt.join("held");
+    std::fs::write(&file, b"x").unwrap();
+    let mut holder = Command::new("python3")
+        .args(["-c", HOLDER])
+        .arg(other.path.join("held"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+
+    // F_GETLK on the first mount reports the holder; a non-blocking lock fails.
+    let probe = sh(&format!(
+        "python3 -c 'import fcntl,os,struct; fd=os.open(\"{}\",os.O_RDWR); \
+         r=fcntl.fcntl(fd,fcntl.F_GETLK,struct.pack(\"hhqqi\",fcntl.F_WRLCK,0,0,0,0)); \
+         print(struct.unpack(\"hhqqi\",r)[0]==fcntl.F_WRLCK)'",
+        file.display()
+    ));
+    assert_eq!(probe.trim(), "True", "F_GETLK did not see the other mount's lock");
+    let busy = Command::new("python3")
+        .args(["-c", "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!busy.status.success(), "a conflicting F_SETLK succeeded");
+
+    // A blocked F_SETLKW wakes when the holder exits (its close drops the lock).
+    let waiter = std::thread::spawn(move || {
+        let started = Instant::now();
+        let ok = Command::new("python3")
+            .args(["-c", "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX)"])
+            .arg(&file)
+            .status()
+            .unwrap()
+            .success();
+        (ok, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    let (ok, waited) = waiter.join().unwrap();
+    assert!(ok, "the waiter failed");
+    println!("waiter got the lock after {:.2} s", waited.as_secs_f64());
+}
+
+#[test]
+fn the_locks_of_a_mount_that_goes_away_are_released() {
+    let dev = Dev::start(3, 3);
+    let file = dev.mnt.join("orphan-lock");
+    std::fs::write(&file, b"x").unwrap();
+    {
+        let other = Mount::new(&dev, "mnt2");
+        let mut holder = Command::new("python3")
+            .args(["-c", HOLDER])
+            .arg(other.path.join("orphan-lock"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "locked");
+        // The mount goes away (SIGTERM) while the holder still has the file open.
+        drop(other);
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
+    let status = Command::new("timeout")
+        .args(["20", "python3", "-c", "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX)"])
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the lock of a gone mount was never released");
+}
