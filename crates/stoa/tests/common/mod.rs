@@ -191,8 +191,32 @@ impl Dev {
     }
 }
 
+impl Dev {
+    /// Prints the warnings and errors of every log of this cluster, so that a failure in
+    /// CI can be understood from its output alone.
+    fn dump_logs(&self) {
+        let mut logs = vec![self.dir.join("../dev.log")];
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("logs")) {
+            logs.extend(entries.flatten().map(|e| e.path()));
+        }
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> =
+                text.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+            eprintln!("==== {} ({} warnings and errors, last 40)", log.display(), lines.len());
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
 impl Drop for Dev {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
         for c in self.restarted.iter_mut() {
             let _ = c.kill();
             let _ = c.wait();
