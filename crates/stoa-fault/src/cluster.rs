@@ -38,6 +38,8 @@ pub enum Role {
     Meta,
     Chunk,
     Client,
+    /// A mount that talks to one chosen meta replica only, started by a scenario.
+    Probe,
 }
 
 pub struct Node {
@@ -94,7 +96,7 @@ impl Cluster {
         };
         cluster.add_nodes(cfg)?;
         for i in 0..cluster.nodes.len() {
-            if cluster.nodes[i].role != Role::Client {
+            if matches!(cluster.nodes[i].role, Role::Meta | Role::Chunk) {
                 cluster.spawn(i)?;
             }
         }
@@ -149,7 +151,23 @@ impl Cluster {
             let args = vec!["mount".into(), format!("--meta={meta_list}"), path.display().to_string()];
             self.push(name, Role::Client, host, path, args);
         }
+        let host = self.net.add_host("p1", 30)?;
+        let path = self.dir.join("mnt-p1");
+        std::fs::create_dir_all(&path).map_err(|e| FaultError::io("create", &path, e))?;
+        self.push("p1".into(), Role::Probe, host, path, Vec::new());
         Ok(())
+    }
+
+    /// Mounts the probe client, which knows only meta replica `meta`, and returns its
+    /// mount point.
+    pub fn start_probe(&mut self, meta: &str) -> Result<PathBuf> {
+        let addr = format!("{}:{META_PORT}", self.nodes[self.index(meta)].host.ip);
+        let i = self.index("p1");
+        let path = self.nodes[i].path.clone();
+        self.nodes[i].args = vec!["mount".into(), format!("--meta={addr}"), path.display().to_string()];
+        self.spawn(i)?;
+        self.wait_mounted(i)?;
+        Ok(path)
     }
 
     fn push(&mut self, name: String, role: Role, host: Host, path: PathBuf, args: Vec<String>) {
@@ -228,7 +246,7 @@ impl Cluster {
         if let Some(mut c) = self.nodes[i].child.take() {
             let _ = c.wait();
         }
-        if self.nodes[i].role == Role::Client {
+        if matches!(self.nodes[i].role, Role::Client | Role::Probe) {
             let _ = net::run("fusermount3", &["-uz", &self.nodes[i].path.to_string_lossy()]);
         }
     }
@@ -237,6 +255,10 @@ impl Cluster {
     pub fn stop(&mut self, name: &str) {
         let i = self.index(name);
         stop_child(&mut self.nodes[i]);
+        let n = &self.nodes[i];
+        if matches!(n.role, Role::Client | Role::Probe) && is_mounted(&n.path) {
+            let _ = net::run("fusermount3", &["-uz", &n.path.to_string_lossy()]);
+        }
     }
 
     /// Starts a stopped or killed node again with the same command line and data.
@@ -246,7 +268,7 @@ impl Cluster {
             self.kill9(name);
         }
         self.spawn(i)?;
-        if self.nodes[i].role == Role::Client {
+        if matches!(self.nodes[i].role, Role::Client | Role::Probe) {
             self.wait_mounted(i)?;
         }
         Ok(())
@@ -355,14 +377,14 @@ impl Cluster {
     fn teardown(&mut self) {
         // Mounts first (their sessions end cleanly while meta is still up), then chunk
         // servers, then meta.
-        for role in [Role::Client, Role::Chunk, Role::Meta] {
+        for role in [Role::Probe, Role::Client, Role::Chunk, Role::Meta] {
             for n in self.nodes.iter_mut().filter(|n| n.role == role) {
                 // SAFETY: plain kill(2) of our own child; a paused node must run to stop.
                 if let Some(c) = n.child.as_ref() {
                     unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
                 }
                 stop_child(n);
-                if role == Role::Client && is_mounted(&n.path) {
+                if matches!(role, Role::Client | Role::Probe) && is_mounted(&n.path) {
                     let _ = net::run("fusermount3", &["-uz", &n.path.to_string_lossy()]);
                 }
             }

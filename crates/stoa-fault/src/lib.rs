@@ -15,5 +15,9 @@ pub mod cluster;
 pub mod error;
 pub mod history;
 pub mod net;
+pub mod rng;
+pub mod run;
+pub mod scenario;
+pub mod workload;
 
 pub use error::{FaultError, Result};

@@ -1,0 +1,89 @@
+//! `stoa-fault`: runs fault scenarios against a cluster of network namespaces and prints
+//! the summary. Exits 1 when a scenario expected to pass shows an anomaly.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use std::path::PathBuf;
+use stoa_fault::cluster::ClusterConfig;
+use stoa_fault::rng::Rng;
+use stoa_fault::run::{self, RunConfig};
+use stoa_fault::scenario::{self, Scenario};
+
+#[derive(Parser)]
+#[command(name = "stoa-fault", about = "Jepsen-style fault tests for Stoa (run as root)")]
+struct Args {
+    /// Seed of every random choice; a run is reproducible from it.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Every scenario, twice, in a seeded order (about 15 minutes), instead of the short
+    /// run's three.
+    #[arg(long)]
+    long: bool,
+    /// Run these scenarios, in this order (repeatable); see --list.
+    #[arg(long = "scenario")]
+    scenarios: Vec<String>,
+    /// Print the scenario names and exit.
+    #[arg(long)]
+    list: bool,
+    /// The stoa binary (default: next to this one).
+    #[arg(long)]
+    stoa: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.list {
+        for s in scenario::ALL {
+            let note = if s.expected_to_fail() { "  (expected to fail: no client leases yet)" } else { "" };
+            println!("{}{note}", s.name());
+        }
+        return Ok(());
+    }
+    let seed = args.seed.unwrap_or_else(time_seed);
+    let scenarios = if args.scenarios.is_empty() {
+        pick(seed, args.long)
+    } else {
+        args.scenarios
+            .iter()
+            .map(|n| Scenario::parse(n).with_context(|| format!("no scenario {n}; see --list")))
+            .collect::<anyhow::Result<_>>()?
+    };
+    let stoa = match args.stoa {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("stoa"),
+    };
+    eprintln!("stoa-fault: seed {seed}; reproduce with --seed {seed}{}", if args.long { " --long" } else { "" });
+    let cfg = RunConfig { cluster: default_cluster(stoa), seed, scenarios, clients_per_mount: 2 };
+    let summary = run::run(&cfg)?;
+    print!("{}", summary.render());
+    if summary.anomalies() > 0 {
+        bail!("{} anomalies (seed {seed})", summary.anomalies());
+    }
+    Ok(())
+}
+
+pub fn default_cluster(stoa: PathBuf) -> ClusterConfig {
+    ClusterConfig { stoa, meta: 3, chunk: 4, clients: 2, chunk_disk_mib: 384 }
+}
+
+fn time_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+}
+
+/// The short run: three distinct scenarios expected to pass. The long run: all of them
+/// twice, shuffled.
+fn pick(seed: u64, long: bool) -> Vec<Scenario> {
+    let mut rng = Rng::new(seed);
+    let mut pool: Vec<Scenario> = if long {
+        scenario::ALL.iter().chain(scenario::ALL.iter()).copied().collect()
+    } else {
+        scenario::ALL.iter().copied().filter(|s| !s.expected_to_fail()).collect()
+    };
+    for i in (1..pool.len()).rev() {
+        pool.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    if !long {
+        pool.truncate(3);
+    }
+    pool
+}

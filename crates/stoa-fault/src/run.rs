@@ -1,0 +1,242 @@
+//! One fault run: start the cluster, then for each scenario start the workloads, inject
+//! the fault, heal, stop the workloads, read every register and directory once more from
+//! every mount, check the history and the invariants, and add it all to the summary.
+
+use crate::checker::{self, Directory, Register, Verdict};
+use crate::cluster::{Cluster, ClusterConfig, Role};
+use crate::error::Result;
+use crate::history::{Call, History, Outcome, Record, Ret};
+use crate::rng::Rng;
+use crate::scenario::{self, Scenario};
+use crate::workload::{self, Workloads};
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub struct RunConfig {
+    pub cluster: ClusterConfig,
+    pub seed: u64,
+    pub scenarios: Vec<Scenario>,
+    /// Register clients per mount.
+    pub clients_per_mount: usize,
+}
+
+/// What one scenario showed.
+#[derive(Debug)]
+pub struct ScenarioResult {
+    pub scenario: Scenario,
+    pub ops_checked: usize,
+    pub keys: usize,
+    pub faults: usize,
+    pub anomalies: Vec<String>,
+    pub notes: Vec<String>,
+    /// The longest time one client operation took while the fault was on (or in the
+    /// settle time after it).
+    pub stall: Duration,
+    /// From the heal until every node was up and every chain whole again.
+    pub recovery: Duration,
+    pub elapsed: Duration,
+}
+
+#[derive(Debug)]
+pub struct Summary {
+    pub seed: u64,
+    pub results: Vec<ScenarioResult>,
+    pub elapsed: Duration,
+}
+
+/// How long the workloads run before and after a fault.
+const WARMUP: Duration = Duration::from_secs(3);
+const SETTLE: Duration = Duration::from_secs(3);
+/// Generous: on a loaded 2-core machine a client retries for up to 30 s.
+const STOP_CLIENTS_WITHIN: Duration = Duration::from_secs(90);
+const RECOVER_WITHIN: Duration = Duration::from_secs(120);
+
+pub fn run(cfg: &RunConfig) -> Result<Summary> {
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&cfg.cluster, 0)?;
+    let mut rng = Rng::new(cfg.seed);
+    let mut results = Vec::new();
+    for (i, s) in cfg.scenarios.iter().enumerate() {
+        eprintln!("stoa-fault: [{}/{}] {}", i + 1, cfg.scenarios.len(), s.name());
+        let r = run_scenario(&mut cluster, *s, i, &mut rng, cfg.clients_per_mount)?;
+        eprintln!(
+            "stoa-fault:   {} ops, {} faults, {} anomalies, stall {:.2} s, recovery {:.2} s",
+            r.ops_checked,
+            r.faults,
+            r.anomalies.len(),
+            r.stall.as_secs_f64(),
+            r.recovery.as_secs_f64()
+        );
+        for a in &r.anomalies {
+            eprintln!("stoa-fault:   ANOMALY {a}");
+        }
+        results.push(r);
+    }
+    drop(cluster);
+    Ok(Summary { seed: cfg.seed, results, elapsed: started.elapsed() })
+}
+
+fn run_scenario(cluster: &mut Cluster, s: Scenario, index: usize, rng: &mut Rng, per_mount: usize) -> Result<ScenarioResult> {
+    let started = Instant::now();
+    cluster.wait_healthy(RECOVER_WITHIN)?;
+    let mounts: Vec<PathBuf> = cluster.names(Role::Client).iter().map(|n| cluster.mount_point(n)).collect();
+    let dir = format!("s{index}-{}", s.name());
+    workload::setup(&mounts[0], &dir).map_err(|e| crate::FaultError::io("set up", mounts[0].join(&dir), e))?;
+    let history = History::new();
+    let seed = rng.next();
+    let work = Workloads::start(&history, &mounts, &dir, seed, per_mount);
+    let clients_on = (0..mounts.len())
+        .map(|m| (m * (per_mount + 1)..(m + 1) * (per_mount + 1)).collect())
+        .collect();
+    std::thread::sleep(WARMUP);
+    let mut cx = scenario::Ctx { cluster, history: &history, rng, dir: dir.clone(), clients_on };
+    let injected = scenario::inject(s, &mut cx)?;
+    let healed = Instant::now();
+    std::thread::sleep(SETTLE);
+    let acked = work.acked.clone();
+    let stuck = work.stop(STOP_CLIENTS_WITHIN);
+    let mut anomalies = injected.anomalies;
+    if stuck > 0 {
+        anomalies.push(format!("{stuck} clients still stuck {} s after the workload stopped", STOP_CLIENTS_WITHIN.as_secs()));
+    }
+    let recovery = match cluster.wait_healthy(RECOVER_WITHIN) {
+        Ok(_) => healed.elapsed(),
+        Err(e) => {
+            anomalies.push(format!("replicas not restored: {e}"));
+            RECOVER_WITHIN
+        }
+    };
+    final_reads(&history, &mounts, &dir);
+    let acked = acked.lock().expect("acked lock poisoned").clone();
+    for bad in workload::verify_files(&mounts[mounts.len() - 1], &acked) {
+        anomalies.push(format!("fsynced file damaged: {bad}"));
+    }
+    let records = history.records();
+    let (ops_checked, keys) = check_history(&records, &mut anomalies);
+    let stall = longest_stall(&records, injected.start_ns, injected.end_ns + SETTLE.as_nanos() as u64);
+    Ok(ScenarioResult {
+        scenario: s,
+        ops_checked,
+        keys,
+        faults: injected.faults,
+        anomalies,
+        notes: injected.notes,
+        stall,
+        recovery,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Reads every register and lists every directory from every mount, once the cluster
+/// is whole: these reads come after every write, so a lost acknowledged write or a value
+/// nobody wrote shows up in the check.
+fn final_reads(history: &History, mounts: &[PathBuf], dir: &str) {
+    let base_client = 1000;
+    for (m, mount) in mounts.iter().enumerate() {
+        for k in 0..workload::REGISTERS {
+            let path = workload::register_path(mount, dir, k);
+            history.record(base_client + m, &format!("reg/{dir}/{k}"), Call::Read, |_| match std::fs::read(&path) {
+                Ok(b) => (Outcome::Ok, Ok(workload::decode(&b))),
+                Err(e) => (Outcome::Ok, Ok(Ret::Garbage(format!("unreadable: {e}")))),
+            });
+        }
+        for d in 0..workload::DIRS {
+            let base = mount.join(dir).join(format!("dir-{d}"));
+            history.record(base_client + m, &format!("dir/{dir}/{d}"), Call::List, |_| {
+                match std::fs::read_dir(&base).and_then(|it| it.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<_>>>()) {
+                    Ok(names) => (Outcome::Ok, Ok(Ret::Listing(mask(&names)))),
+                    Err(e) => (Outcome::Ok, Ok(Ret::Garbage(format!("unlistable: {e}")))),
+                }
+            });
+        }
+    }
+}
+
+fn mask(names: &[std::ffi::OsString]) -> u8 {
+    let mut m = 0u8;
+    for n in names {
+        match n.to_string_lossy().strip_prefix('n').and_then(|n| n.parse::<u8>().ok()) {
+            Some(i) if i < workload::NAMES => m |= 1 << i,
+            _ => return u8::MAX,
+        }
+    }
+    m
+}
+
+/// Checks each register and directory; returns the operations checked and the keys.
+fn check_history(records: &[Record], anomalies: &mut Vec<String>) -> (usize, usize) {
+    let (mut ops, mut keys) = (0, 0);
+    for (key, recs) in checker::by_key(records) {
+        let verdict = if key.starts_with("reg/") {
+            for r in recs.iter().filter(|r| matches!(r.ret, Some(Ret::Garbage(_)))) {
+                anomalies.push(format!("{key}: client {} read data never written: {:?}", r.client, r.ret));
+            }
+            checker::check(&Register, &recs)
+        } else if key.starts_with("dir/") {
+            checker::check(&Directory, &recs)
+        } else {
+            continue;
+        };
+        keys += 1;
+        ops += recs.iter().filter(|r| r.outcome != Outcome::Fail).count();
+        match verdict {
+            Verdict::Linearizable => {}
+            Verdict::Violation(why) => anomalies.push(format!("{key} is not linearizable: {why}")),
+            Verdict::Undecided => anomalies.push(format!("{key}: the checker gave up (search budget)")),
+        }
+    }
+    (ops, keys)
+}
+
+/// The longest operation that overlapped `[from_ns, to_ns]`; one that never completed
+/// counts until now.
+fn longest_stall(records: &[Record], from_ns: u64, to_ns: u64) -> Duration {
+    let now = records.iter().map(|r| r.invoke_ns).max().unwrap_or(0);
+    let ns = records
+        .iter()
+        .filter(|r| r.invoke_ns <= to_ns && (r.complete_ns == u64::MAX || r.complete_ns >= from_ns))
+        .map(|r| r.complete_ns.min(now.max(r.invoke_ns)).saturating_sub(r.invoke_ns))
+        .max()
+        .unwrap_or(0);
+    Duration::from_nanos(ns)
+}
+
+impl Summary {
+    /// Anomalies of scenarios expected to pass: must be 0.
+    pub fn anomalies(&self) -> usize {
+        self.results.iter().filter(|r| !r.scenario.expected_to_fail()).map(|r| r.anomalies.len()).sum()
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "\nstoa-fault summary (seed {}, {:.0} s)", self.seed, self.elapsed.as_secs_f64());
+        let _ = writeln!(out, "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>9} {:>9}", "SCENARIO", "OPS", "KEYS", "FAULTS", "ANOMALIES", "STALL", "RECOVERY");
+        for r in &self.results {
+            let flag = if r.scenario.expected_to_fail() { " (expected to fail)" } else { "" };
+            let _ = writeln!(
+                out,
+                "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>8.2}s {:>8.2}s{flag}",
+                r.scenario.name(),
+                r.ops_checked,
+                r.keys,
+                r.faults,
+                r.anomalies.len(),
+                r.stall.as_secs_f64(),
+                r.recovery.as_secs_f64()
+            );
+        }
+        let ops: usize = self.results.iter().map(|r| r.ops_checked).sum();
+        let faults: usize = self.results.iter().map(|r| r.faults).sum();
+        let _ = writeln!(out, "  total: {ops} operations checked, {faults} faults injected, {} anomalies", self.anomalies());
+        for r in &self.results {
+            for n in &r.notes {
+                let _ = writeln!(out, "  {}: {n}", r.scenario.name());
+            }
+            for a in &r.anomalies {
+                let _ = writeln!(out, "  {}: ANOMALY {a}", r.scenario.name());
+            }
+        }
+        out
+    }
+}
