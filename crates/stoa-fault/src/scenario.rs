@@ -172,11 +172,14 @@ fn meta_minority(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
         sleep_s(0.2);
     }
     if writer.is_finished() {
-        if let Ok((done, Ok(()))) = writer.join() {
-            if done < healed_at {
-                let after = done.duration_since(cut_at).as_secs_f64();
-                out.anomalies.push(format!("the minority replica {follower} served a create {after:.2} s into the partition"));
-            }
+        let Ok((done, result)) = writer.join() else { return Ok(()) };
+        let after = done.duration_since(cut_at).as_secs_f64();
+        match result {
+            Ok(()) if done < healed_at => out
+                .anomalies
+                .push(format!("the minority replica {follower} served a create {after:.2} s into the partition")),
+            Ok(()) => out.notes.push(format!("the probe's create waited for the heal and succeeded at {after:.2} s")),
+            Err(e) => out.notes.push(format!("the probe's create failed at {after:.2} s: {e}")),
         }
     } else {
         out.notes.push("the probe's create was still stuck 60 s after the heal".into());

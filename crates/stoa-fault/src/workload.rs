@@ -20,7 +20,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const REGISTERS: usize = 3;
+/// Directory 0 is shared by one namespace client on every mount; directory 1 by two
+/// clients on the first mount only. The kernel caches entries and attributes for the TTL
+/// stoa-fuse gives them (1 s) and nothing recalls them yet, so the shared directory
+/// shows stale stats across mounts (a known bug, see [`SHARED_DIR`]); the single-mount
+/// directory still proves meta's namespace operations linearizable under faults.
 pub const DIRS: usize = 2;
+pub const SHARED_DIR: usize = 0;
+const LOCAL_DIR: usize = 1;
 pub const NAMES: u8 = 5;
 
 /// A file the writer created, fsynced and closed without error.
@@ -35,6 +42,8 @@ pub struct AckedFile {
 pub struct Workloads {
     stop: Arc<AtomicBool>,
     handles: Vec<JoinHandle<()>>,
+    /// The client ids on each mount, in the order of the mounts given.
+    pub clients_on: Vec<Vec<usize>>,
     pub acked: Arc<Mutex<Vec<AckedFile>>>,
 }
 
@@ -83,20 +92,26 @@ impl Workloads {
         let acked = Arc::new(Mutex::new(Vec::new()));
         let mut handles = Vec::new();
         let mut client = 0;
-        for m in mounts {
+        let mut clients_on = vec![Vec::new(); mounts.len()];
+        let mut add = |m: usize, client: &mut usize, job: fn(Ctx)| {
+            let ctx = Ctx::new(history, &mounts[m], dir, *client, seed, &stop);
+            handles.push(std::thread::spawn(move || job(ctx)));
+            clients_on[m].push(*client);
+            *client += 1;
+        };
+        for m in 0..mounts.len() {
             for _ in 0..per_mount {
-                let ctx = Ctx::new(history, m, dir, client, seed, &stop);
-                handles.push(std::thread::spawn(move || ctx.registers()));
-                client += 1;
+                add(m, &mut client, Ctx::registers);
             }
-            let ctx = Ctx::new(history, m, dir, client, seed, &stop);
-            handles.push(std::thread::spawn(move || ctx.namespace()));
-            client += 1;
+            add(m, &mut client, |c| c.namespace(SHARED_DIR));
         }
+        add(0, &mut client, |c| c.namespace(LOCAL_DIR));
+        add(0, &mut client, |c| c.namespace(LOCAL_DIR));
         let ctx = Ctx::new(history, &mounts[0], dir, client, seed, &stop);
         let acked2 = acked.clone();
         handles.push(std::thread::spawn(move || ctx.files(acked2)));
-        Workloads { stop, handles, acked }
+        clients_on[0].push(client);
+        Workloads { stop, handles, clients_on, acked }
     }
 
     /// Stops every client and waits up to `within` for them; returns how many are still
@@ -171,9 +186,8 @@ impl Ctx {
         }
     }
 
-    fn namespace(mut self) {
+    fn namespace(mut self, d: usize) {
         while self.running() {
-            let d = self.rng.below(DIRS as u64);
             let key = format!("dir/{}/{d}", self.dir);
             let base = self.mount.join(&self.dir).join(format!("dir-{d}"));
             let a = self.rng.below(NAMES as u64) as u8;
