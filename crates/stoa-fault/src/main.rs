@@ -4,8 +4,6 @@
 use anyhow::{bail, Context};
 use clap::Parser;
 use std::path::PathBuf;
-use stoa_fault::cluster::ClusterConfig;
-use stoa_fault::rng::Rng;
 use stoa_fault::run::{self, RunConfig};
 use stoa_fault::scenario::{self, Scenario};
 
@@ -44,7 +42,7 @@ fn main() -> anyhow::Result<()> {
     }
     let seed = args.seed.unwrap_or_else(time_seed);
     let scenarios = if args.scenarios.is_empty() {
-        pick(seed, args.long)
+        run::pick(seed, args.long)
     } else {
         args.scenarios
             .iter()
@@ -56,7 +54,7 @@ fn main() -> anyhow::Result<()> {
         None => std::env::current_exe()?.with_file_name("stoa"),
     };
     eprintln!("stoa-fault: seed {seed}; reproduce with --seed {seed}{}", if args.long { " --long" } else { "" });
-    let cfg = RunConfig { cluster: default_cluster(stoa), seed, scenarios, clients_per_mount: 2 };
+    let cfg = RunConfig { cluster: run::default_cluster(stoa), seed, scenarios, clients_per_mount: 2 };
     let summary = run::run(&cfg)?;
     print!("{}", summary.render());
     let counted = summary.anomalies() + if args.strict { summary.known() } else { 0 };
@@ -66,28 +64,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn default_cluster(stoa: PathBuf) -> ClusterConfig {
-    ClusterConfig { stoa, meta: 3, chunk: 4, clients: 2, chunk_disk_mib: 384 }
-}
-
 fn time_seed() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
 }
 
-/// The short run: three distinct scenarios expected to pass. The long run: all of them
-/// twice, shuffled.
-fn pick(seed: u64, long: bool) -> Vec<Scenario> {
-    let mut rng = Rng::new(seed);
-    let mut pool: Vec<Scenario> = if long {
-        scenario::ALL.iter().chain(scenario::ALL.iter()).copied().collect()
-    } else {
-        scenario::ALL.iter().copied().filter(|s| !s.expected_to_fail()).collect()
-    };
-    for i in (1..pool.len()).rev() {
-        pool.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    if !long {
-        pool.truncate(3);
-    }
-    pool
-}

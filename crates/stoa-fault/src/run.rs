@@ -57,6 +57,29 @@ const SETTLE: Duration = Duration::from_secs(3);
 const STOP_CLIENTS_WITHIN: Duration = Duration::from_secs(90);
 const RECOVER_WITHIN: Duration = Duration::from_secs(120);
 
+/// The cluster every run uses: 3 meta replicas, 4 chunk servers (chains of 3), 2 mounts.
+pub fn default_cluster(stoa: PathBuf) -> ClusterConfig {
+    ClusterConfig { stoa, meta: 3, chunk: 4, clients: 2, chunk_disk_mib: 384 }
+}
+
+/// The short run: three distinct scenarios expected to pass. The long run: all of them
+/// twice, shuffled.
+pub fn pick(seed: u64, long: bool) -> Vec<Scenario> {
+    let mut rng = Rng::new(seed);
+    let mut pool: Vec<Scenario> = if long {
+        scenario::ALL.iter().chain(scenario::ALL.iter()).copied().collect()
+    } else {
+        scenario::ALL.iter().copied().filter(|s| !s.expected_to_fail()).collect()
+    };
+    for i in (1..pool.len()).rev() {
+        pool.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    if !long {
+        pool.truncate(3);
+    }
+    pool
+}
+
 pub fn run(cfg: &RunConfig) -> Result<Summary> {
     let started = Instant::now();
     let mut cluster = Cluster::start(&cfg.cluster, 0)?;
@@ -125,6 +148,10 @@ fn run_scenario(cluster: &mut Cluster, s: Scenario, index: usize, rng: &mut Rng,
         anomalies.push(format!("fsynced file damaged: {bad}"));
     }
     let records = history.records();
+    if let Some((clients, expiry_ns)) = &injected.fenced {
+        let late = scenario::late_writes(&records, clients, *expiry_ns, injected.end_ns);
+        known.extend(late);
+    }
     let (ops_checked, keys) = check_history(&records, &mut anomalies, &mut known);
     let (stall, stall_op) = longest_stall(&records, injected.start_ns, injected.end_ns + SETTLE.as_nanos() as u64);
     for (key, recs) in checker::by_key(&records) {

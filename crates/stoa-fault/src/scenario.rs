@@ -81,6 +81,9 @@ pub struct Injected {
     /// History time at which the fault began and was healed.
     pub start_ns: u64,
     pub end_ns: u64,
+    /// For the fencing scenario: the fenced clients and when their lease ran out; the
+    /// run looks for their late writes once every client has stopped.
+    pub fenced: Option<(Vec<usize>, u64)>,
 }
 
 pub struct Ctx<'a> {
@@ -120,11 +123,22 @@ pub fn inject(s: Scenario, cx: &mut Ctx) -> Result<Injected> {
 
 fn meta_leader_kill(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
     let leader = cx.cluster.leader(Duration::from_secs(30))?;
+    let t0 = cx.history.now_ns();
     cx.cluster.kill9(&leader);
+    let t1 = cx.history.now_ns();
     out.faults += 1;
-    out.notes.push(format!("kill -9 {leader} (leader), restarted after 3 s"));
-    sleep_s(3.0);
-    cx.cluster.restart(&leader)
+    // Down long enough that the others must elect a leader and the clients must find
+    // it without the old one coming back.
+    sleep_s(8.0);
+    cx.cluster.restart(&leader)?;
+    let t2 = cx.history.now_ns();
+    out.notes.push(format!(
+        "kill -9 {leader} (leader) at {:.2} s (dead at {:.2} s), restarted at {:.2} s",
+        t0 as f64 / 1e9,
+        t1 as f64 / 1e9,
+        t2 as f64 / 1e9
+    ));
+    Ok(())
 }
 
 /// Cuts the leader from every other host (or, one way, only its packets to the other
@@ -298,17 +312,13 @@ fn client_fenced(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
     cx.cluster.net().heal()?;
     out.end_ns = cx.history.now_ns();
     out.notes.push(format!("{client} cut from every server for {} s", hold.as_secs()));
-    // Let the late writes land before looking for them.
-    sleep_s(5.0);
-    let expiry_ns = cut_ns + LEASE_ASSUMED.as_nanos() as u64;
-    let late = late_writes(&cx.history.records(), &cx.clients_on[0], expiry_ns, out.end_ns);
-    out.anomalies.extend(late);
+    out.fenced = Some((cx.clients_on[0].clone(), cut_ns + LEASE_ASSUMED.as_nanos() as u64));
     Ok(())
 }
 
 /// Writes by `clients` that were in flight when the lease expired and yet succeeded after
 /// the partition healed.
-fn late_writes(records: &[Record], clients: &[usize], expiry_ns: u64, heal_ns: u64) -> Vec<String> {
+pub fn late_writes(records: &[Record], clients: &[usize], expiry_ns: u64, heal_ns: u64) -> Vec<String> {
     records
         .iter()
         .filter(|r| clients.contains(&r.client) && matches!(r.call, Call::Write(_)))
