@@ -57,9 +57,7 @@ impl Model for Directory {
             Call::Create(n) => want(Ret::Ok).then_some(s | (1 << n)),
             Call::Unlink(n) if has(*n) => want(Ret::Ok).then_some(s & !(1 << n)),
             Call::Unlink(_) => want(Ret::Missing).then_some(*s),
-            Call::Rename(a, b) if has(*a) => {
-                want(Ret::Ok).then_some((s & !(1 << a)) | (1 << b))
-            }
+            Call::Rename(a, b) if has(*a) => want(Ret::Ok).then_some((s & !(1 << a)) | (1 << b)),
             Call::Rename(..) => want(Ret::Missing).then_some(*s),
             Call::Stat(n) => want(if has(*n) { Ret::Exists } else { Ret::Missing }).then_some(*s),
             Call::List => want(Ret::Listing(*s)).then_some(*s),
@@ -94,7 +92,10 @@ pub fn check<M: Model>(model: &M, records: &[&Record]) -> Verdict {
         .filter(|r| r.outcome != Outcome::Fail)
         // A read of unknown outcome observed nothing and changed nothing.
         .filter(|r| !(r.outcome == Outcome::Unknown && is_read(&r.call)))
-        .map(|r| Op { rec: r, complete: if r.outcome == Outcome::Ok { r.complete_ns } else { u64::MAX } })
+        .map(|r| Op {
+            rec: r,
+            complete: if r.outcome == Outcome::Ok { r.complete_ns } else { u64::MAX },
+        })
         .collect();
     ops.sort_by_key(|o| o.rec.invoke_ns);
     Search::new(model, &ops).run()
@@ -217,7 +218,14 @@ impl<'a, M: Model> Search<'a, M> {
             .take(6)
             .map(|&c| {
                 let r = self.ops[c].rec;
-                format!("client {} {:?} -> {:?} [{:.3}s..{}]", r.client, r.call, r.ret, r.invoke_ns as f64 / 1e9, secs(self.ops[c].complete))
+                format!(
+                    "client {} {:?} -> {:?} [{:.3}s..{}]",
+                    r.client,
+                    r.call,
+                    r.ret,
+                    r.invoke_ns as f64 / 1e9,
+                    secs(self.ops[c].complete)
+                )
             })
             .collect();
         self.best_report = format!(

@@ -113,7 +113,8 @@ impl Cluster {
     fn add_nodes(&mut self, cfg: &ClusterConfig) -> Result<()> {
         let metas: Vec<String> =
             (1..=cfg.meta).map(|i| format!("10.77.0.{i}:{META_PORT}")).collect();
-        let peers: Vec<String> = metas.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+        let peers: Vec<String> =
+            metas.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
         let meta_list = metas.join(",");
         for (i, name) in names("m", cfg.meta).into_iter().enumerate() {
             let host = self.net.add_host(&name, i as u8 + 1)?;
@@ -148,7 +149,8 @@ impl Cluster {
             let host = self.net.add_host(&name, i as u8 + 21)?;
             let path = self.dir.join(format!("mnt-{name}"));
             std::fs::create_dir_all(&path).map_err(|e| FaultError::io("create", &path, e))?;
-            let args = vec!["mount".into(), format!("--meta={meta_list}"), path.display().to_string()];
+            let args =
+                vec!["mount".into(), format!("--meta={meta_list}"), path.display().to_string()];
             self.push(name, Role::Client, host, path, args);
         }
         let host = self.net.add_host("p1", 30)?;
@@ -164,7 +166,8 @@ impl Cluster {
         let addr = format!("{}:{META_PORT}", self.nodes[self.index(meta)].host.ip);
         let i = self.index("p1");
         let path = self.nodes[i].path.clone();
-        self.nodes[i].args = vec!["mount".into(), format!("--meta={addr}"), path.display().to_string()];
+        self.nodes[i].args =
+            vec!["mount".into(), format!("--meta={addr}"), path.display().to_string()];
         self.spawn(i)?;
         self.wait_mounted(i)?;
         Ok(path)
@@ -217,7 +220,8 @@ impl Cluster {
         let mut cmd = Command::new(&self.stoa);
         cmd.args(&node.args).stdin(Stdio::null()).stdout(log).stderr(log2);
         enter_netns(&mut cmd, &ns);
-        let child = cmd.spawn().map_err(|source| FaultError::Spawn { node: node.name.clone(), source })?;
+        let child =
+            cmd.spawn().map_err(|source| FaultError::Spawn { node: node.name.clone(), source })?;
         drop(ns);
         self.nodes[i].child = Some(child);
         Ok(())
@@ -291,9 +295,12 @@ impl Cluster {
         let mut cmd = Command::new(&self.stoa);
         cmd.args(["status", "--json", "--meta", &self.meta_list()]);
         enter_netns(&mut cmd, &ns);
-        let out = cmd.output().map_err(|source| FaultError::Spawn { node: "status".into(), source })?;
+        let out =
+            cmd.output().map_err(|source| FaultError::Spawn { node: "status".into(), source })?;
         if !out.status.success() {
-            return Err(FaultError::Status(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+            return Err(FaultError::Status(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
         }
         serde_json::from_slice(&out.stdout).map_err(|e| FaultError::Status(e.to_string()))
     }
@@ -311,7 +318,8 @@ impl Cluster {
     /// Whether every node is up and every chain has all its replicas, none syncing.
     pub fn healthy(&self) -> bool {
         let Ok(s) = self.status() else { return false };
-        let all_up = |key: &Value| key.as_array().is_some_and(|a| a.iter().all(|n| n["up"] == true));
+        let all_up =
+            |key: &Value| key.as_array().is_some_and(|a| a.iter().all(|n| n["up"] == true));
         let chains_whole = s["chains"].as_array().is_some_and(|a| {
             !a.is_empty()
                 && a.iter().all(|c| {
@@ -319,7 +327,8 @@ impl Cluster {
                         && c["syncing"].as_array().is_some_and(Vec::is_empty)
                 })
         });
-        let chunks_known = s["chunk"].as_array().map_or(0, Vec::len) == self.names(Role::Chunk).len();
+        let chunks_known =
+            s["chunk"].as_array().map_or(0, Vec::len) == self.names(Role::Chunk).len();
         s["meta"]["leader"].is_u64()
             && all_up(&s["meta"]["members"])
             && all_up(&s["chunk"])

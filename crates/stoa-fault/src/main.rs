@@ -35,7 +35,11 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.list {
         for s in scenario::ALL {
-            let note = if s.expected_to_fail() { "  (expected to fail: no client leases yet)" } else { "" };
+            let note = if s.expected_to_fail() {
+                "  (expected to fail: no client leases yet)"
+            } else {
+                ""
+            };
             println!("{}{note}", s.name());
         }
         return Ok(());
@@ -53,8 +57,12 @@ fn main() -> anyhow::Result<()> {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("stoa"),
     };
-    eprintln!("stoa-fault: seed {seed}; reproduce with --seed {seed}{}", if args.long { " --long" } else { "" });
-    let cfg = RunConfig { cluster: run::default_cluster(stoa), seed, scenarios, clients_per_mount: 2 };
+    eprintln!(
+        "stoa-fault: seed {seed}; reproduce with --seed {seed}{}",
+        if args.long { " --long" } else { "" }
+    );
+    let cfg =
+        RunConfig { cluster: run::default_cluster(stoa), seed, scenarios, clients_per_mount: 2 };
     let summary = run::run(&cfg)?;
     print!("{}", summary.render());
     let counted = summary.anomalies() + if args.strict { summary.known() } else { 0 };
@@ -65,6 +73,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn time_seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
 }
-

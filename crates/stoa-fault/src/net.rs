@@ -79,12 +79,26 @@ impl Net {
     pub fn add_host(&mut self, name: &str, octet: u8) -> Result<Host> {
         let ns = format!("{}-{name}", self.tag);
         run("ip", &["netns", "add", &ns])?;
-        let host = Host { name: name.to_string(), ns: ns.clone(), ip: Ipv4Addr::new(10, 77, 0, octet) };
+        let host =
+            Host { name: name.to_string(), ns: ns.clone(), ip: Ipv4Addr::new(10, 77, 0, octet) };
         self.hosts.push(host.clone());
         let peer = format!("v-{name}");
         run(
             "ip",
-            &["link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &peer, "netns", &self.bridge_ns],
+            &[
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                &ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &peer,
+                "netns",
+                &self.bridge_ns,
+            ],
         )?;
         run_in(&self.bridge_ns, "ip", &["link", "set", &peer, "master", "br0", "up"])?;
         run_in(&ns, "ip", &["addr", "add", &format!("{}/24", host.ip), "dev", "eth0"])?;

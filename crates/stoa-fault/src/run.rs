@@ -109,12 +109,20 @@ pub fn run(cfg: &RunConfig) -> Result<Summary> {
     Ok(Summary { seed: cfg.seed, results, elapsed: started.elapsed() })
 }
 
-fn run_scenario(cluster: &mut Cluster, s: Scenario, index: usize, rng: &mut Rng, per_mount: usize) -> Result<ScenarioResult> {
+fn run_scenario(
+    cluster: &mut Cluster,
+    s: Scenario,
+    index: usize,
+    rng: &mut Rng,
+    per_mount: usize,
+) -> Result<ScenarioResult> {
     let started = Instant::now();
     cluster.wait_healthy(RECOVER_WITHIN)?;
-    let mounts: Vec<PathBuf> = cluster.names(Role::Client).iter().map(|n| cluster.mount_point(n)).collect();
+    let mounts: Vec<PathBuf> =
+        cluster.names(Role::Client).iter().map(|n| cluster.mount_point(n)).collect();
     let dir = format!("s{index}-{}", s.name());
-    workload::setup(&mounts[0], &dir).map_err(|e| crate::FaultError::io("set up", mounts[0].join(&dir), e))?;
+    workload::setup(&mounts[0], &dir)
+        .map_err(|e| crate::FaultError::io("set up", mounts[0].join(&dir), e))?;
     let history = History::new();
     let seed = rng.next();
     let work = Workloads::start(&history, &mounts, &dir, seed, per_mount);
@@ -133,7 +141,10 @@ fn run_scenario(cluster: &mut Cluster, s: Scenario, index: usize, rng: &mut Rng,
         anomalies.extend(injected.anomalies);
     }
     if stuck > 0 {
-        anomalies.push(format!("{stuck} clients still stuck {} s after the workload stopped", STOP_CLIENTS_WITHIN.as_secs()));
+        anomalies.push(format!(
+            "{stuck} clients still stuck {} s after the workload stopped",
+            STOP_CLIENTS_WITHIN.as_secs()
+        ));
     }
     let recovery = match cluster.wait_healthy(RECOVER_WITHIN) {
         Ok(_) => healed.elapsed(),
@@ -153,7 +164,8 @@ fn run_scenario(cluster: &mut Cluster, s: Scenario, index: usize, rng: &mut Rng,
         known.extend(late);
     }
     let (ops_checked, keys) = check_history(&records, &mut anomalies, &mut known);
-    let (stall, stall_op) = longest_stall(&records, injected.start_ns, injected.end_ns + SETTLE.as_nanos() as u64);
+    let (stall, stall_op) =
+        longest_stall(&records, injected.start_ns, injected.end_ns + SETTLE.as_nanos() as u64);
     for (key, recs) in checker::by_key(&records) {
         dump_history(key, &recs);
     }
@@ -180,15 +192,19 @@ fn final_reads(history: &History, mounts: &[PathBuf], dir: &str) {
     for (m, mount) in mounts.iter().enumerate() {
         for k in 0..workload::REGISTERS {
             let path = workload::register_path(mount, dir, k);
-            history.record(base_client + m, &format!("reg/{dir}/{k}"), Call::Read, |_| match std::fs::read(&path) {
-                Ok(b) => (Outcome::Ok, Ok(workload::decode(&b))),
-                Err(e) => (Outcome::Ok, Ok(Ret::Garbage(format!("unreadable: {e}")))),
+            history.record(base_client + m, &format!("reg/{dir}/{k}"), Call::Read, |_| {
+                match std::fs::read(&path) {
+                    Ok(b) => (Outcome::Ok, Ok(workload::decode(&b))),
+                    Err(e) => (Outcome::Ok, Ok(Ret::Garbage(format!("unreadable: {e}")))),
+                }
             });
         }
         for d in 0..workload::DIRS {
             let base = mount.join(dir).join(format!("dir-{d}"));
             history.record(base_client + m, &format!("dir/{dir}/{d}"), Call::List, |_| {
-                match std::fs::read_dir(&base).and_then(|it| it.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<_>>>()) {
+                match std::fs::read_dir(&base).and_then(|it| {
+                    it.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<_>>>()
+                }) {
                     Ok(names) => (Outcome::Ok, Ok(Ret::Listing(mask(&names)))),
                     Err(e) => (Outcome::Ok, Ok(Ret::Garbage(format!("unlistable: {e}")))),
                 }
@@ -209,13 +225,20 @@ fn mask(names: &[std::ffi::OsString]) -> u8 {
 }
 
 /// Checks each register and directory; returns the operations checked and the keys.
-fn check_history(records: &[Record], anomalies: &mut Vec<String>, known: &mut Vec<String>) -> (usize, usize) {
+fn check_history(
+    records: &[Record],
+    anomalies: &mut Vec<String>,
+    known: &mut Vec<String>,
+) -> (usize, usize) {
     let shared = format!("/{}", workload::SHARED_DIR);
     let (mut ops, mut keys) = (0, 0);
     for (key, recs) in checker::by_key(records) {
         let verdict = if key.starts_with("reg/") {
             for r in recs.iter().filter(|r| matches!(r.ret, Some(Ret::Garbage(_)))) {
-                anomalies.push(format!("{key}: client {} read data never written: {:?}", r.client, r.ret));
+                anomalies.push(format!(
+                    "{key}: client {} read data never written: {:?}",
+                    r.client, r.ret
+                ));
             }
             checker::check(&Register, &recs)
         } else if key.starts_with("dir/") {
@@ -236,7 +259,9 @@ fn check_history(records: &[Record], anomalies: &mut Vec<String>, known: &mut Ve
                     anomalies.push(line);
                 }
             }
-            Verdict::Undecided => anomalies.push(format!("{key}: the checker gave up (search budget)")),
+            Verdict::Undecided => {
+                anomalies.push(format!("{key}: the checker gave up (search budget)"))
+            }
         }
     }
     (ops, keys)
@@ -251,7 +276,11 @@ fn dump_history(key: &str, recs: &[&Record]) -> String {
     sorted.sort_by_key(|r| r.invoke_ns);
     let mut text = String::new();
     for r in sorted {
-        let done = if r.complete_ns == u64::MAX { "?".to_string() } else { format!("{:.4}", r.complete_ns as f64 / 1e9) };
+        let done = if r.complete_ns == u64::MAX {
+            "?".to_string()
+        } else {
+            format!("{:.4}", r.complete_ns as f64 / 1e9)
+        };
         let _ = writeln!(
             text,
             "{:>9.4} {:>9} client {:<4} {:?} -> {:?} {:?} {}",
@@ -318,8 +347,17 @@ impl Summary {
 
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "\nstoa-fault summary (seed {}, {:.0} s)", self.seed, self.elapsed.as_secs_f64());
-        let _ = writeln!(out, "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>6} {:>9} {:>9}", "SCENARIO", "OPS", "KEYS", "FAULTS", "ANOMALIES", "KNOWN", "STALL", "RECOVERY");
+        let _ = writeln!(
+            out,
+            "\nstoa-fault summary (seed {}, {:.0} s)",
+            self.seed,
+            self.elapsed.as_secs_f64()
+        );
+        let _ = writeln!(
+            out,
+            "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>6} {:>9} {:>9}",
+            "SCENARIO", "OPS", "KEYS", "FAULTS", "ANOMALIES", "KNOWN", "STALL", "RECOVERY"
+        );
         for r in &self.results {
             let flag = if r.scenario.expected_to_fail() { " (expected to fail)" } else { "" };
             let _ = writeln!(

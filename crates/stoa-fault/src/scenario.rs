@@ -180,7 +180,9 @@ fn meta_minority(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
     let healed_at = Instant::now();
     cx.cluster.net().heal()?;
     out.end_ns = cx.history.now_ns();
-    out.notes.push(format!("{follower} (follower) cut from the other meta replicas for 8 s; probe mount on it"));
+    out.notes.push(format!(
+        "{follower} (follower) cut from the other meta replicas for 8 s; probe mount on it"
+    ));
     let deadline = Instant::now() + Duration::from_secs(60);
     while !writer.is_finished() && Instant::now() < deadline {
         sleep_s(0.2);
@@ -189,10 +191,12 @@ fn meta_minority(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
         let Ok((done, result)) = writer.join() else { return Ok(()) };
         let after = done.duration_since(cut_at).as_secs_f64();
         match result {
-            Ok(()) if done < healed_at => out
-                .anomalies
-                .push(format!("the minority replica {follower} served a create {after:.2} s into the partition")),
-            Ok(()) => out.notes.push(format!("the probe's create waited for the heal and succeeded at {after:.2} s")),
+            Ok(()) if done < healed_at => out.anomalies.push(format!(
+                "the minority replica {follower} served a create {after:.2} s into the partition"
+            )),
+            Ok(()) => out.notes.push(format!(
+                "the probe's create waited for the heal and succeeded at {after:.2} s"
+            )),
             Err(e) => out.notes.push(format!("the probe's create failed at {after:.2} s: {e}")),
         }
     } else {
@@ -318,7 +322,12 @@ fn client_fenced(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
 
 /// Writes by `clients` that were in flight when the lease expired and yet succeeded after
 /// the partition healed.
-pub fn late_writes(records: &[Record], clients: &[usize], expiry_ns: u64, heal_ns: u64) -> Vec<String> {
+pub fn late_writes(
+    records: &[Record],
+    clients: &[usize],
+    expiry_ns: u64,
+    heal_ns: u64,
+) -> Vec<String> {
     records
         .iter()
         .filter(|r| clients.contains(&r.client) && matches!(r.call, Call::Write(_)))

@@ -87,7 +87,13 @@ pub fn setup(mount: &Path, dir: &str) -> std::io::Result<()> {
 impl Workloads {
     /// Starts `per_mount` register clients and one namespace client on every mount, and
     /// one file writer.
-    pub fn start(history: &History, mounts: &[PathBuf], dir: &str, seed: u64, per_mount: usize) -> Workloads {
+    pub fn start(
+        history: &History,
+        mounts: &[PathBuf],
+        dir: &str,
+        seed: u64,
+        per_mount: usize,
+    ) -> Workloads {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(Vec::new()));
         let mut handles = Vec::new();
@@ -148,7 +154,14 @@ fn errno(e: &std::io::Error) -> String {
 }
 
 impl Ctx {
-    fn new(history: &History, mount: &Path, dir: &str, client: usize, seed: u64, stop: &Arc<AtomicBool>) -> Ctx {
+    fn new(
+        history: &History,
+        mount: &Path,
+        dir: &str,
+        client: usize,
+        seed: u64,
+        stop: &Arc<AtomicBool>,
+    ) -> Ctx {
         Ctx {
             history: history.clone(),
             mount: mount.to_path_buf(),
@@ -178,7 +191,8 @@ impl Ctx {
             if self.rng.below(10) < 4 {
                 counter += 1;
                 let v = ((self.client as u64 + 1) << 32) | counter;
-                self.history.record(self.client, &key, Call::Write(v), |_| write_register(&path, v));
+                self.history
+                    .record(self.client, &key, Call::Write(v), |_| write_register(&path, v));
             } else {
                 self.history.record(self.client, &key, Call::Read, |_| read_register(&path));
             }
@@ -213,7 +227,9 @@ impl Ctx {
             let path = self.mount.join(&rel);
             let seed = self.rng.next();
             let key = format!("file/{}/{n}", self.dir);
-            let ret = self.history.record(self.client, &key, Call::Write(n), |_| write_file(&path, seed, len));
+            let ret = self
+                .history
+                .record(self.client, &key, Call::Write(n), |_| write_file(&path, seed, len));
             if ret.is_some() {
                 acked.lock().expect("acked lock poisoned").push(AckedFile { rel, seed, len });
             }
@@ -250,7 +266,11 @@ fn name(base: &Path, n: u8) -> PathBuf {
 /// any other error leaves a mutation's outcome unknown and fails a read.
 fn namespace_op(base: &Path, call: &Call) -> (Outcome, Result<Ret, String>) {
     let result = match call {
-        Call::Create(n) => std::fs::OpenOptions::new().write(true).create_new(true).open(name(base, *n)).map(|_| Ret::Ok),
+        Call::Create(n) => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(name(base, *n))
+            .map(|_| Ret::Ok),
         Call::Unlink(n) => std::fs::remove_file(name(base, *n)).map(|_| Ret::Ok),
         Call::Rename(a, b) => std::fs::rename(name(base, *a), name(base, *b)).map(|_| Ret::Ok),
         Call::Stat(n) => std::fs::metadata(name(base, *n)).map(|_| Ret::Exists),
@@ -318,7 +338,12 @@ pub fn verify_files(mount: &Path, acked: &[AckedFile]) -> Vec<String> {
             Ok(data) if data == pattern(f.seed, 0, f.len) => {}
             Ok(data) => {
                 let at = data.iter().zip(pattern(f.seed, 0, f.len)).position(|(a, b)| *a != b);
-                bad.push(format!("{}: {} bytes (want {}), first difference at {at:?}", f.rel.display(), data.len(), f.len));
+                bad.push(format!(
+                    "{}: {} bytes (want {}), first difference at {at:?}",
+                    f.rel.display(),
+                    data.len(),
+                    f.len
+                ));
             }
             Err(e) => bad.push(format!("{}: {e}", f.rel.display())),
         }

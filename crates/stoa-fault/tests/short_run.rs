@@ -19,11 +19,15 @@ fn a_short_randomized_fault_run_shows_no_anomaly() {
     };
     let scenarios = run::pick(seed, false);
     println!("seed {seed}; replay with STOA_FAULT_SEED={seed} or `stoa-fault --seed {seed}`");
-    let cfg = RunConfig { cluster: run::default_cluster(stoa), seed, scenarios, clients_per_mount: 2 };
+    let cfg =
+        RunConfig { cluster: run::default_cluster(stoa), seed, scenarios, clients_per_mount: 2 };
     let summary = run::run(&cfg).unwrap_or_else(|e| panic!("fault run failed (seed {seed}): {e}"));
     let text = summary.render();
     println!("{text}");
     assert!(summary.results.len() == 3, "ran {} scenarios, not 3", summary.results.len());
-    assert!(summary.results.iter().all(|r| r.ops_checked > 100), "too few operations checked:{text}");
+    assert!(
+        summary.results.iter().all(|r| r.ops_checked > 100),
+        "too few operations checked:{text}"
+    );
     assert_eq!(summary.anomalies(), 0, "anomalies found (seed {seed}):{text}");
 }

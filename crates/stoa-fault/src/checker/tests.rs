@@ -62,7 +62,13 @@ fn reads_that_go_back_in_time_are_a_violation() {
     // between them.
     bad(
         &Register,
-        &[w(0, 1, 0, 100), w(1, 2, 0, 100), r(2, 2, 110, 120), r(2, 1, 130, 140), r(3, 2, 150, 160)],
+        &[
+            w(0, 1, 0, 100),
+            w(1, 2, 0, 100),
+            r(2, 2, 110, 120),
+            r(2, 1, 130, 140),
+            r(3, 2, 150, 160),
+        ],
     );
 }
 
@@ -108,8 +114,14 @@ fn a_name_seen_after_its_unlink_returned_is_a_violation() {
 
 #[test]
 fn two_exclusive_creates_cannot_both_succeed() {
-    bad(&Directory, &[d(0, Call::Create(2), Ret::Ok, 0, 100), d(1, Call::Create(2), Ret::Ok, 0, 100)]);
-    good(&Directory, &[d(0, Call::Create(2), Ret::Ok, 0, 100), d(1, Call::Create(2), Ret::Exists, 0, 100)]);
+    bad(
+        &Directory,
+        &[d(0, Call::Create(2), Ret::Ok, 0, 100), d(1, Call::Create(2), Ret::Ok, 0, 100)],
+    );
+    good(
+        &Directory,
+        &[d(0, Call::Create(2), Ret::Ok, 0, 100), d(1, Call::Create(2), Ret::Exists, 0, 100)],
+    );
 }
 
 #[test]
