@@ -240,7 +240,7 @@ fn check_history(
                     r.client, r.ret
                 ));
             }
-            checker::check(&Register, &recs)
+            checker::check(&Register, &checker::prune_unread_writes(&recs))
         } else if key.starts_with("dir/") {
             checker::check(&Directory, &recs)
         } else {

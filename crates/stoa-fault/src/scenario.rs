@@ -252,7 +252,15 @@ fn disk_full(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
 /// return what was written: the block checksums catch the damage and the client reads
 /// another replica.
 fn bit_rot(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
-    let c = pick_chunk(cx);
+    // A server that registered after the chains were formed holds no chunk: rot one that
+    // does.
+    let holders: Vec<String> = cx
+        .cluster
+        .names(Role::Chunk)
+        .into_iter()
+        .filter(|c| !cx.cluster.chunk_files(c).is_empty())
+        .collect();
+    let c = if holders.is_empty() { pick_chunk(cx) } else { cx.rng.pick(&holders).clone() };
     let files = cx.cluster.chunk_files(&c);
     let mut flipped = 0;
     for _ in 0..24.min(files.len()) {
