@@ -35,12 +35,10 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.list {
         for s in scenario::ALL {
-            let note = if s.expected_to_fail() {
-                "  (expected to fail: no client leases yet)"
-            } else {
-                ""
-            };
-            println!("{}{note}", s.name());
+            match s.known_bug() {
+                Some(bug) => println!("{:<22} expected to fail: {bug}", s.name()),
+                None => println!("{}", s.name()),
+            }
         }
         return Ok(());
     }
