@@ -74,9 +74,6 @@ impl Scenario {
             Scenario::DiskFull => {
                 Some("one full chunk server: an fsynced write returns ok, then reads return the old value")
             }
-            Scenario::MetaLeaderPartition => {
-                Some("isolated meta leader: an fsynced file read back empty; register reads go back")
-            }
             _ => None,
         }
     }
