@@ -217,9 +217,17 @@ fn meta_minority(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
     Ok(())
 }
 
+/// A chunk server that holds chunks: one that registered after the chains were formed
+/// is in no chain, and a fault on it would test nothing.
 fn pick_chunk(cx: &mut Ctx) -> String {
     let chunks = cx.cluster.names(Role::Chunk);
-    cx.rng.pick(&chunks).clone()
+    let holders: Vec<String> =
+        chunks.iter().filter(|c| !cx.cluster.chunk_files(c).is_empty()).cloned().collect();
+    if holders.is_empty() {
+        cx.rng.pick(&chunks).clone()
+    } else {
+        cx.rng.pick(&holders).clone()
+    }
 }
 
 fn chunk_kill(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
@@ -263,15 +271,7 @@ fn disk_full(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
 /// return what was written: the block checksums catch the damage and the client reads
 /// another replica.
 fn bit_rot(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
-    // A server that registered after the chains were formed holds no chunk: rot one that
-    // does.
-    let holders: Vec<String> = cx
-        .cluster
-        .names(Role::Chunk)
-        .into_iter()
-        .filter(|c| !cx.cluster.chunk_files(c).is_empty())
-        .collect();
-    let c = if holders.is_empty() { pick_chunk(cx) } else { cx.rng.pick(&holders).clone() };
+    let c = pick_chunk(cx);
     let files = cx.cluster.chunk_files(&c);
     let mut flipped = 0;
     for _ in 0..24.min(files.len()) {
