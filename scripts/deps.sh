@@ -3,7 +3,8 @@
 # package already present is not fetched again.
 set -euo pipefail
 
-need=(fuse3 git rsync build-essential attr python3 pkg-config ca-certificates)
+# iproute2 and nftables: the fault tests give every node a network namespace and cut links.
+need=(fuse3 git rsync build-essential attr python3 pkg-config ca-certificates iproute2 nftables)
 missing=()
 for p in "${need[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,7 +13,8 @@ echo "== lint" >&2
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== unit tests" >&2
 # Release mode: the end-to-end tests move GiBs through the mount; one build serves both.
-cargo test --workspace --release --exclude stoa -- --test-threads=2
+cargo test --workspace --release --exclude stoa --exclude stoa-fault -- --test-threads=2
 echo "== end-to-end tests" >&2
-# One cluster at a time: each starts 6 processes and a FUSE mount on this machine.
-cargo test --release -p stoa -- --test-threads=1
+# One cluster at a time: each starts 6 processes and a FUSE mount on this machine. The
+# fault run (stoa-fault) needs the stoa binary, which building -p stoa's tests provides.
+cargo test --release -p stoa -p stoa-fault -- --test-threads=1
