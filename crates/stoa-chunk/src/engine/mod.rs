@@ -328,6 +328,11 @@ impl Engine {
     /// Every chunk held, with its version (0 for a damaged header, so that a resync
     /// replaces it).
     pub fn list(&self) -> Result<Vec<(ChunkId, u64)>, FsError> {
+        Ok(self.list_sized()?.into_iter().map(|(chunk, version, _)| (chunk, version)).collect())
+    }
+
+    /// Every chunk held, with its version (as [`Engine::list`]) and length in bytes.
+    pub fn list_sized(&self) -> Result<Vec<(ChunkId, u64, u32)>, FsError> {
         let mut out = Vec::new();
         let what = |p: &Path| format!("list {}", p.display());
         let fans =
@@ -346,7 +351,8 @@ impl Engine {
                 let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
                 match self.load(chunk)? {
                     Local::Absent => {}
-                    local => out.push((chunk, local.version())),
+                    Local::Present(h) => out.push((chunk, h.version, h.len)),
+                    Local::Corrupt(_) => out.push((chunk, 0, 0)),
                 }
             }
         }
@@ -367,6 +373,19 @@ impl Engine {
         let capacity = st.f_blocks as u64 * frsize;
         let available = st.f_bavail as u64 * frsize;
         Ok((capacity, capacity.saturating_sub(available)))
+    }
+
+    /// Refuses with `NoSpace` when writing `need` more bytes would leave less than
+    /// `reserve_bytes` free on the store's filesystem.
+    pub fn check_space(&self, need: u64, reserve_bytes: u64) -> Result<(), FsError> {
+        if reserve_bytes == 0 {
+            return Ok(());
+        }
+        let (capacity, used) = self.usage()?;
+        if capacity.saturating_sub(used) < need.saturating_add(reserve_bytes) {
+            return Err(FsError::NoSpace);
+        }
+        Ok(())
     }
 
     fn load(&self, chunk: ChunkId) -> Result<Local, FsError> {

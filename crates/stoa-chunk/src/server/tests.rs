@@ -120,6 +120,8 @@ fn config(dir: &std::path::Path, meta: SocketAddr) -> ChunkConfig {
         data_dir: dir.to_path_buf(),
         meta: vec![meta],
         zone: "z1".into(),
+        scrub_bytes_per_sec: 0,
+        reserve_bytes: 0,
     }
 }
 
