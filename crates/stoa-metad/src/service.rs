@@ -106,7 +106,10 @@ impl Node {
         };
         self.liveness.beat(node, capacity_bytes, used_bytes, repair);
         let table = self.raft.read(stoa_meta::chain_table).await?;
-        Ok(MetaResponse::Heartbeat { table: (table.version != table_version).then_some(table) })
+        Ok(MetaResponse::Heartbeat {
+            table: (table.version != table_version).then_some(table),
+            replicas: self.cfg.replicas,
+        })
     }
 
     /// Sends `req` to the leader and returns its answer. One hop: the leader answers

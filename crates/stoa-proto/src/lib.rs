@@ -36,7 +36,8 @@ use stoa_types::FsError;
 /// The version every frame carries. A peer speaking another version is refused with a
 /// clear error rather than misread.
 ///
-/// 2: chunk heartbeats and status carry repair progress; `ListChunks` answers lengths.
+/// 2: chunk heartbeats and status carry repair progress; `ListChunks` answers lengths;
+/// heartbeat answers carry the replica count.
 pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Every request, by service.

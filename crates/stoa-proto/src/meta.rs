@@ -198,13 +198,24 @@ pub enum MetaResponse {
     Session(SessionGrant),
     Attr(Attr),
     Data(Vec<u8>),
-    Entries { entries: Vec<DirEntry>, more: bool },
+    Entries {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     Names(Vec<Vec<u8>>),
     StatFs(StatFs),
     ChainTable(ChainTable),
     Status(ClusterStatus),
-    Registered { node: NodeId, cluster: ClusterId },
-    Heartbeat { table: Option<ChainTable> },
+    Registered {
+        node: NodeId,
+        cluster: ClusterId,
+    },
+    /// `replicas`: the cluster's replica count, which tells a server when a chain that
+    /// no longer lists it is whole without it (its old copies there are garbage).
+    Heartbeat {
+        table: Option<ChainTable>,
+        replicas: u8,
+    },
 }
 
 /// One meta replica as the cluster sees it.

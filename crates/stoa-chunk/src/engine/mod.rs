@@ -153,6 +153,12 @@ impl Engine {
         Paths { data: dir.join(&name), header: dir.join(format!("{name}.{HEADER_EXT}")), dir }
     }
 
+    /// Where the chunk's bytes live, for tests that damage them.
+    #[cfg(test)]
+    pub(crate) fn data_path(&self, chunk: ChunkId) -> PathBuf {
+        self.paths(chunk).data
+    }
+
     /// The chunk's version; 0 when it does not exist. A damaged header is `Checksum`.
     pub fn version(&self, chunk: ChunkId) -> Result<u64, FsError> {
         let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");

@@ -207,3 +207,11 @@ fn different_chunks_are_written_in_parallel_safely() {
         assert_eq!(e.version(id(100 + t)).unwrap(), 50);
     }
 }
+
+#[test]
+fn a_write_that_would_eat_the_reserve_is_no_space() {
+    let (_d, e) = engine();
+    e.check_space(1 << 20, 0).unwrap();
+    e.check_space(1 << 20, 1).unwrap();
+    assert_eq!(e.check_space(1 << 20, u64::MAX / 2), Err(FsError::NoSpace));
+}

@@ -83,6 +83,10 @@ pub(crate) struct Server {
     view: ChainView,
     order: OrderLocks,
     resyncs: Mutex<Resyncs>,
+    /// The cluster's replica count, from meta's heartbeat answers (0 until the first).
+    replicas: AtomicU64,
+    /// Chunks seen on a whole chain without us in the last sweep (see scrub.rs).
+    orphans: Mutex<HashSet<ChunkId>>,
     /// Chunks and bytes each running resync still has to copy.
     backlog: Mutex<HashMap<ChainId, (u64, u64)>>,
     tasks: Mutex<JoinSet<()>>,
@@ -119,6 +123,8 @@ impl Server {
             view: ChainView::default(),
             order: OrderLocks::default(),
             resyncs: Mutex::new(Resyncs::default()),
+            replicas: AtomicU64::new(0),
+            orphans: Mutex::new(HashSet::new()),
             backlog: Mutex::new(HashMap::new()),
             tasks: Mutex::new(JoinSet::new()),
         }

@@ -9,6 +9,13 @@
 //!                 --> install over ours (forced) --> corrupt_repaired += 1
 //! ```
 //!
+//! After each pass the scrubber also sweeps garbage: a chunk whose chain is whole (has
+//! the cluster's replica count of servers on its write path) without this server was
+//! rebuilt elsewhere while we were away, and nothing will ever bring us back into that
+//! chain except as a syncing server, whose resync copies what it needs anyway. Such a
+//! chunk is dropped when two passes in a row saw it so, which rides out a table that
+//! changes in between.
+//!
 //! Readers never see the damage: every read checks the CRCs of the blocks it returns and
 //! answers `Checksum`, and the client then reads another replica.
 //!
@@ -18,6 +25,7 @@
 
 use super::Server;
 use bytes::Bytes;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,13 +35,12 @@ use tokio::time::Instant;
 
 /// Pause between two passes, so that a store with few chunks is not read in a loop.
 const PASS_PAUSE: Duration = Duration::from_secs(1);
+/// How often garbage is swept when the scrubber is off.
+const SWEEP_ONLY_PERIOD: Duration = Duration::from_secs(30);
 
 impl Server {
-    /// Starts the scrubber, unless it is turned off.
+    /// Starts the scrubber; with a rate of 0 it only sweeps garbage.
     pub(crate) fn start_scrubber(self: &Arc<Self>) {
-        if self.limits.scrub_bytes_per_sec == 0 {
-            return;
-        }
         let server = self.clone();
         self.spawn(server.scrub_loop());
     }
@@ -41,6 +48,13 @@ impl Server {
     async fn scrub_loop(self: Arc<Self>) {
         let rate = self.limits.scrub_bytes_per_sec as f64;
         loop {
+            if rate == 0.0 {
+                tokio::time::sleep(SWEEP_ONLY_PERIOD).await;
+                if let Ok(chunks) = self.disk(|e| e.list_sized()).await {
+                    self.sweep(chunks.iter().map(|c| c.0)).await;
+                }
+                continue;
+            }
             let chunks = match self.disk(|e| e.list_sized()).await {
                 Ok(chunks) => chunks,
                 Err(e) => {
@@ -68,6 +82,7 @@ impl Server {
                 chunks.len(),
                 started.elapsed()
             );
+            self.sweep(chunks.iter().map(|c| c.0)).await;
             tokio::time::sleep(PASS_PAUSE).await;
         }
     }
@@ -125,5 +140,39 @@ impl Server {
             }
         }
         Err(last)
+    }
+
+    /// Drops the chunks that two sweeps in a row found on a whole chain without us.
+    async fn sweep(&self, chunks: impl Iterator<Item = ChunkId>) {
+        let replicas = self.replicas.load(Ordering::Relaxed) as usize;
+        if replicas == 0 || self.check_fence().is_err() {
+            return;
+        }
+        let table = self.table();
+        let orphan = |chunk: &ChunkId| {
+            table.chain_for(*chunk).is_some_and(|c| {
+                !c.write_path().any(|n| n == self.node) && c.write_path().count() >= replicas
+            })
+        };
+        let now: HashSet<ChunkId> = chunks.filter(orphan).collect();
+        let before = std::mem::replace(
+            &mut *self.orphans.lock().expect("orphan lock poisoned"),
+            now.clone(),
+        );
+        let mut dropped = 0u64;
+        for &chunk in now.intersection(&before) {
+            let _order = self.order.lock(chunk).await;
+            match self.disk(move |e| e.install(chunk, 0, &[], true)).await {
+                Ok(_) => dropped += 1,
+                Err(e) => tracing::warn!("sweeping chunk {chunk}: {e}"),
+            }
+        }
+        if dropped > 0 {
+            self.stats.chunks_dropped.fetch_add(dropped, Ordering::Relaxed);
+            tracing::info!(
+                "chunk server {}: dropped {dropped} chunks of chains rebuilt without it",
+                self.node
+            );
+        }
     }
 }

@@ -146,7 +146,8 @@ impl Server {
                 repair: self.repair_progress(),
             };
             match self.call_meta(op).await {
-                Ok(MetaResponse::Heartbeat { table }) => {
+                Ok(MetaResponse::Heartbeat { table, replicas }) => {
+                    self.replicas.store(replicas.into(), std::sync::atomic::Ordering::Relaxed);
                     // The new table first, then the fence lifted: a server waking from a
                     // stop must not answer a request from its old table in between.
                     if let Some(table) = table {

@@ -55,6 +55,7 @@ impl FakeMeta {
             }
             MetaOp::ChunkHeartbeat { table_version, .. } => Ok(MetaResponse::Heartbeat {
                 table: (table_version != s.table.version).then(|| s.table.clone()),
+                replicas: 3,
             }),
             MetaOp::GetChainTable => Ok(MetaResponse::ChainTable(s.table.clone())),
             MetaOp::ChunkSynced { node, chain, chain_version } => {
@@ -509,6 +510,28 @@ async fn an_unclean_restart_repairs_chunks_whose_data_disagrees_with_their_heade
         let stats = &c.server(2).server.stats;
         assert_eq!(stats.chunks_copied.load(Ordering::Relaxed), 1, "only the torn chunk");
         assert_eq!(c.server(2).server.engine.fetch(chunk(1)).unwrap().1, vec![5u8; 6000]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_replica_is_repaired_from_a_chain_member() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
+        let version = c.write(&chain, chunk(3), 0, &data).await;
+        let damaged = &c.server(1).server;
+        let path = damaged.engine.data_path(chunk(3));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[9000] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+        // The damage never reaches a reader: the read is refused and reported.
+        let read = c.read(1, &chain, chunk(3)).await;
+        assert!(matches!(read, Err(FsError::Checksum(_))), "{read:?}");
+        assert_eq!(damaged.repair(chunk(3)).await.unwrap(), version);
+        assert_eq!(c.read(1, &chain, chunk(3)).await.unwrap(), data);
+        assert!(damaged.stats.corrupt_reports.load(Ordering::Relaxed) >= 1);
     })
     .await;
 }

@@ -66,7 +66,7 @@ async fn heartbeat(client: &MetaClient, node: NodeId, table_version: u64) -> Opt
         repair: stoa_proto::RepairProgress::default(),
     });
     match client.call(req).await.unwrap() {
-        MetaResponse::Heartbeat { table } => table,
+        MetaResponse::Heartbeat { table, .. } => table,
         other => panic!("heartbeat answered {other:?}"),
     }
 }
