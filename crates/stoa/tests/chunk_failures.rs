@@ -61,8 +61,8 @@ fn chunk_call(
     payload: &[u8],
 ) -> Result<Bytes, FsError> {
     let req = Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
-    let call =
-        Pool::new().call(addr, &req, Bytes::copy_from_slice(payload), Duration::from_secs(5));
+    let pool = Pool::new();
+    let call = pool.call(addr, &req, Bytes::copy_from_slice(payload), Duration::from_secs(5));
     match runtime().block_on(call)? {
         (Response::Chunk(ChunkResponse::Data), data) => Ok(data),
         (Response::Chunk(ChunkResponse::Written { .. }), _) => Ok(Bytes::new()),
@@ -134,7 +134,10 @@ fn a_stopped_chunk_server_leaves_its_chains_and_wakes_up_unable_to_serve_stale_d
 
     // It resyncs what changed and rejoins; then it serves the new data.
     dev.wait_healthy(40);
-    assert!(std::fs::read(&path).unwrap() == pattern(2, 0, len), "file differs after rejoin");
+    let got = std::fs::read(&path).unwrap();
+    let want = pattern(2, 0, len);
+    let first = got.iter().zip(&want).position(|(a, b)| a != b);
+    assert!(got == want, "file differs after rejoin: len {} first diff {first:?}", got.len());
     let now = chain_table(&dev);
     for index in 0..2u64 {
         let chunk = ChunkId { ino, index };

@@ -229,8 +229,12 @@ impl Engine {
         Ok(Outcome::Applied(next))
     }
 
-    /// Cuts (or zero-extends) the chunk to `len` bytes under the version rule; `len` 0
-    /// removes it. Removing needs no earlier state, so it is applied across a gap.
+    /// Cuts (or zero-extends) the chunk to `len` bytes under the version rule. `len` 0
+    /// removes the data but keeps the header as a tombstone with the new version: if it
+    /// removed the header too, the chunk would restart at version 1 when written again,
+    /// and a replica that missed the removal could hold other bytes at the same version,
+    /// which a resync (comparing versions) would keep. Removing needs no earlier state, so
+    /// it is applied across a gap.
     pub fn truncate(
         &self,
         chunk: ChunkId,
@@ -243,11 +247,17 @@ impl Engine {
         let paths = self.paths(chunk);
         if len == 0 {
             return match (&local, version) {
-                (Local::Absent, _) => Ok(Outcome::Skipped(0)),
+                (Local::Absent, None) => Ok(Outcome::Skipped(0)),
+                (Local::Present(h), None) if h.len == 0 => Ok(Outcome::Skipped(h.version)),
                 (_, Some(v)) if local.version() >= v => Ok(Outcome::Skipped(local.version())),
                 _ => {
-                    remove_files(&paths)?;
-                    Ok(Outcome::Applied(version.unwrap_or(local.version() + 1)))
+                    let next = version.unwrap_or(local.version() + 1);
+                    let tombstone = Header { version: next, ..Header::empty(chunk) };
+                    std::fs::create_dir_all(&paths.dir)
+                        .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
+                    save_header(&paths, &tombstone)?;
+                    remove_data(&paths)?;
+                    Ok(Outcome::Applied(next))
                 }
             };
         }
@@ -556,6 +566,15 @@ fn save_header(paths: &Paths, header: &Header) -> Result<(), FsError> {
         std::fs::rename(&tmp, &paths.header)
     };
     write().map_err(|e| io_err(format!("write {}", paths.header.display()), e))
+}
+
+/// Removes the data file of a chunk whose header says it is empty.
+fn remove_data(paths: &Paths) -> Result<(), FsError> {
+    match std::fs::remove_file(&paths.data) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(format!("remove {}", paths.data.display()), e)),
+    }
 }
 
 /// Removes the header first: from then on the chunk does not exist, whatever happens to
