@@ -195,7 +195,7 @@ fn render_repair(out: &mut String, s: &ClusterStatus) {
     if chunks == 0 {
         let _ = write!(out, "no backlog");
     } else {
-        let eta = if rate > 0 { format!(", about {} s left", bytes / rate) } else { String::new() };
+        let eta = bytes.checked_div(rate).map_or(String::new(), |s| format!(", about {s} s left"));
         let _ = write!(out, "{chunks} chunks ({}) to copy at {}/s{eta}", mib(bytes), mib(rate));
     }
     let _ = writeln!(out, "; scrub found {found} damaged replicas, repaired {repaired}");
