@@ -6,7 +6,8 @@
 //!  run(cfg) --> validate --> lock DATA/LOCK --> open engine --> bind
 //!      --> register with meta (node id + cluster id, persisted in DATA/identity)
 //!      --> serve:  requests --> server (chain checks, replication) --> engine (disk)
-//!                  heartbeat every 500 ms --> new chain table --> resync if syncing
+//!                  heartbeat every 300 ms --> new chain table --> resync if syncing
+//!                  scrubber: verify every chunk at a set rate --> repair from a peer
 //!      --> shutdown: drain requests, stop tasks, flush, mark the store clean
 //! ```
 //!
@@ -50,7 +51,18 @@ pub struct ChunkConfig {
     pub meta: Vec<SocketAddr>,
     /// Failure domain label; meta spreads replicas across zones.
     pub zone: String,
+    /// Bytes per second the scrubber reads to verify checksums; 0 turns it off.
+    pub scrub_bytes_per_sec: u64,
+    /// Free bytes kept on the data disk: a write that would leave less is refused with
+    /// `NoSpace` (ENOSPC), so that the disk never fills and headers can still be written.
+    pub reserve_bytes: u64,
 }
+
+/// The scrubber's default pace: a full pass over 1 TB takes about a day and a half, and
+/// it costs the disk little.
+pub const SCRUB_BYTES_PER_SEC_DEFAULT: u64 = 8 * 1024 * 1024;
+/// The default free-space reserve: room for headers, renames and the filesystem itself.
+pub const RESERVE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 
 impl ChunkConfig {
     fn validate(&self) -> Result<(), ChunkError> {
@@ -128,11 +140,16 @@ impl Running {
                 ChunkError::Identity { path: Identity::path(&cfg.data_dir), detail: e.to_string() }
             })??;
         }
-        let server = Arc::new(Server::new(identity.node, engine, pool, meta));
+        let limits = server::Limits {
+            scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
+            reserve_bytes: cfg.reserve_bytes,
+        };
+        let server = Arc::new(Server::new(identity.node, engine, pool, meta, limits));
         server.meta_acked(acked);
         let service = Arc::new(Service::new(server.clone()));
         let serve = tokio::spawn(stoa_net::serve(listener, service.clone()));
         server.start_heartbeats();
+        server.start_scrubber();
         Ok(Running { server, addr, service, serve, _lock: lock })
     }
 

@@ -43,7 +43,7 @@ pub use store::{ChunkServerRecord, ClusterInfo, FORMAT_VERSION};
 
 use serde::{Deserialize, Serialize};
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse};
-use stoa_types::{ChainTable, ClusterId, FsError, InodeId, NodeId, Timestamp};
+use stoa_types::{ChainId, ChainTable, ClusterId, FsError, InodeId, NodeId, Timestamp};
 
 /// One entry of the replicated log.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -58,6 +58,9 @@ pub enum Command {
     ChunkServerUp { node: NodeId },
     /// The leader deleted the chunks of a garbage inode.
     GarbageCollected { ino: InodeId },
+    /// A chain has been short of replicas for longer than the rebuild delay: add `node`
+    /// (live, not in the chain) as a syncing member, which copies the chain's chunks.
+    RebuildChain { chain: ChainId, node: NodeId },
 }
 
 /// Applies one committed command and returns its answer. An `Err` is an answer too
@@ -73,6 +76,9 @@ pub fn apply(kv: &mut impl KvWrite, cmd: &Command) -> Result<MetaResponse, FsErr
         Command::ChunkServerDown { node } => atomic(kv, |kv| ops::chains::server_down(kv, *node)),
         Command::ChunkServerUp { node } => atomic(kv, |kv| ops::chains::server_up(kv, *node)),
         Command::GarbageCollected { ino } => atomic(kv, |kv| ops::unlink::collected(kv, *ino)),
+        Command::RebuildChain { chain, node } => {
+            atomic(kv, |kv| ops::chains::rebuild(kv, *chain, *node))
+        }
     }
 }
 

@@ -2,19 +2,22 @@
 //! when it loses leadership:
 //!
 //! - create the cluster (`Init`) the first time a leader finds none;
-//! - judge chunk-server liveness and propose `ChunkServerDown` / `ChunkServerUp`;
+//! - judge chunk-server liveness and propose `ChunkServerDown` / `ChunkServerUp`, and
+//!   `RebuildChain` for chains short of replicas for longer than the rebuild delay;
 //! - delete the chunks of garbage inodes and then propose `GarbageCollected`.
 
 use crate::liveness::DOWN_AFTER;
 use crate::raft::Role;
 use crate::service::Node;
 use bytes::Bytes;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use stoa_meta::Command;
 use stoa_proto::{ChunkOp, ChunkRequest, Request};
-use stoa_types::{ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, Timestamp};
+use stoa_types::{
+    Chain, ChainId, ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, Timestamp,
+};
 use tokio::task::JoinSet;
 
 const LIVENESS_PERIOD: Duration = Duration::from_millis(250);
@@ -87,25 +90,36 @@ async fn try_create_cluster(node: &Node) -> Result<(), FsError> {
 /// chain table has not changed.
 type Proposed = HashSet<(NodeId, u64, bool)>;
 
+/// The judge's memory between rounds: soft state, restarted with each term.
+#[derive(Default)]
+struct Judge {
+    proposed: Proposed,
+    /// When each chain that is short of replicas was first seen short.
+    short_since: HashMap<ChainId, Instant>,
+    /// Rebuilds proposed at a table version, not repeated until the table changes.
+    rebuilding: HashSet<(ChainId, u64)>,
+}
+
 async fn judge_liveness(node: Arc<Node>) {
     // Give every server one full timeout to find this new leader.
     tokio::time::sleep(DOWN_AFTER).await;
-    let mut proposed = Proposed::new();
+    let mut judge = Judge::default();
     let mut ticker = tokio::time::interval(LIVENESS_PERIOD);
     loop {
         ticker.tick().await;
-        if let Err(e) = judge_once(&node, &mut proposed).await {
+        if let Err(e) = judge_once(&node, &mut judge).await {
             tracing::debug!("liveness round failed: {e}");
         }
     }
 }
 
-async fn judge_once(node: &Node, proposed: &mut Proposed) -> Result<(), FsError> {
+async fn judge_once(node: &Node, judge: &mut Judge) -> Result<(), FsError> {
     let (table, info) = node
         .raft
         .read(|kv| Ok((stoa_meta::chain_table(kv)?, stoa_meta::cluster_info(kv)?)))
         .await?;
     let Some(info) = info else { return Ok(()) };
+    let proposed = &mut judge.proposed;
     proposed.retain(|(_, version, _)| *version == table.version);
     let in_path: BTreeSet<NodeId> = table.chains.iter().flat_map(|c| c.write_path()).collect();
     for &server in &in_path {
@@ -120,6 +134,7 @@ async fn judge_once(node: &Node, proposed: &mut Proposed) -> Result<(), FsError>
     }
     let short = table.chains.iter().any(|c| c.write_path().count() < usize::from(info.replicas));
     if !short {
+        judge.short_since.clear();
         return Ok(());
     }
     for (server, _) in node.liveness.alive(DOWN_AFTER) {
@@ -130,6 +145,55 @@ async fn judge_once(node: &Node, proposed: &mut Proposed) -> Result<(), FsError>
             node.raft.propose(Command::ChunkServerUp { node: server }).await?;
             proposed.insert(key);
         }
+    }
+    rebuild_short_chains(node, judge, &table, usize::from(info.replicas)).await
+}
+
+/// Rebuilds, on another live server, the missing replica of every chain that has been
+/// short for longer than the rebuild delay. The server chosen is the live one in the
+/// fewest chains, so that rebuilt replicas spread over the cluster.
+async fn rebuild_short_chains(
+    node: &Node,
+    judge: &mut Judge,
+    table: &ChainTable,
+    replicas: usize,
+) -> Result<(), FsError> {
+    let now = Instant::now();
+    let short: Vec<&Chain> =
+        table.chains.iter().filter(|c| c.write_path().count() < replicas).collect();
+    judge.short_since.retain(|id, _| short.iter().any(|c| c.id == *id));
+    judge.rebuilding.retain(|(_, version)| *version == table.version);
+    let alive: Vec<NodeId> = node
+        .liveness
+        .alive(DOWN_AFTER)
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| table.nodes.iter().any(|n| n.id == *id))
+        .collect();
+    let load = |server: NodeId| {
+        table.chains.iter().filter(|c| c.write_path().any(|n| n == server)).count()
+    };
+    for chain in short {
+        let since = *judge.short_since.entry(chain.id).or_insert(now);
+        let key = (chain.id, table.version);
+        if now.duration_since(since) < node.cfg.rebuild_after || judge.rebuilding.contains(&key) {
+            continue;
+        }
+        let target = alive
+            .iter()
+            .copied()
+            .filter(|id| !chain.write_path().any(|n| n == *id))
+            .min_by_key(|id| (load(*id), *id));
+        let Some(target) = target else { continue };
+        tracing::warn!(
+            "chain {} short of replicas for {:?}: rebuilding a replica on chunk server {target}",
+            chain.id,
+            now.duration_since(since)
+        );
+        node.raft.propose(Command::RebuildChain { chain: chain.id, node: target }).await?;
+        judge.rebuilding.insert(key);
+        // One change per round: the next round sees the new table and its loads.
+        return Ok(());
     }
     Ok(())
 }

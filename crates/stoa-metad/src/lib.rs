@@ -47,7 +47,15 @@ pub struct MetaConfig {
     /// Chunk replica count, fixed when the cluster is created.
     pub replicas: u8,
     pub chunk_size_bytes: u32,
+    /// How long a chain may stay short of replicas (a server down) before the leader
+    /// rebuilds the missing replica on another server. A server back sooner resyncs only
+    /// what changed; rebuilding copies every chunk of the chain, so it waits.
+    pub rebuild_after: std::time::Duration,
 }
+
+/// The rebuild delay when none is configured: long enough for a reboot or a process
+/// restart, short enough that a dead disk does not leave chunks at fewer copies for long.
+pub const REBUILD_AFTER_DEFAULT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Runs a meta replica until `shutdown` resolves (then stops cleanly and returns `Ok`) or
 /// Raft stops on a storage failure (then returns the error).

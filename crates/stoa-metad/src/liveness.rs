@@ -5,10 +5,14 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use stoa_proto::RepairProgress;
 use stoa_types::NodeId;
 
-/// A chunk server silent this long is taken out of its chains.
-pub(crate) const DOWN_AFTER: Duration = Duration::from_secs(2);
+/// A chunk server silent this long is taken out of its chains. With the judge running
+/// every 250 ms, a dead server leaves its chains within 1.75 s (plus one Raft commit).
+/// Chunk servers fence themselves after the same time (`FENCE_AFTER` in stoa-chunk),
+/// counted from an earlier instant, so they stop serving before meta moves on.
+pub(crate) const DOWN_AFTER: Duration = Duration::from_millis(1500);
 
 /// What the last heartbeat of one chunk server said.
 #[derive(Clone, Copy, Debug)]
@@ -16,6 +20,9 @@ pub(crate) struct Beat {
     pub at: Instant,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
+    pub repair: RepairProgress,
+    /// Bytes per second copied into the server, between its last two heartbeats.
+    pub copy_rate_bytes_per_sec: u64,
 }
 
 #[derive(Debug)]
@@ -51,9 +58,18 @@ impl Liveness {
         s.beats.clear();
     }
 
-    pub fn beat(&self, node: NodeId, capacity_bytes: u64, used_bytes: u64) {
-        let beat = Beat { at: Instant::now(), capacity_bytes, used_bytes };
-        self.lock().beats.insert(node, beat);
+    pub fn beat(&self, node: NodeId, capacity_bytes: u64, used_bytes: u64, repair: RepairProgress) {
+        let at = Instant::now();
+        let mut s = self.lock();
+        let copy_rate_bytes_per_sec = match s.beats.get(&node) {
+            Some(prev) if at > prev.at => {
+                let copied = repair.copied_bytes.saturating_sub(prev.repair.copied_bytes);
+                (copied as f64 / (at - prev.at).as_secs_f64()) as u64
+            }
+            _ => 0,
+        };
+        let beat = Beat { at, capacity_bytes, used_bytes, repair, copy_rate_bytes_per_sec };
+        s.beats.insert(node, beat);
     }
 
     /// Whether `node` heartbeated within `limit` (counting from when judging started).
@@ -89,7 +105,7 @@ mod tests {
         assert!(live.is_alive(NodeId(5), Duration::from_millis(200)));
         std::thread::sleep(Duration::from_millis(50));
         assert!(!live.is_alive(NodeId(5), Duration::from_millis(20)));
-        live.beat(NodeId(5), 100, 10);
+        live.beat(NodeId(5), 100, 10, RepairProgress::default());
         assert!(live.is_alive(NodeId(5), Duration::from_millis(20)));
         assert_eq!(live.alive(Duration::from_secs(1)).len(), 1);
         live.restart();

@@ -99,13 +99,17 @@ impl Node {
         if view.role != Role::Leader {
             return self.forward(&view, req).await;
         }
-        let MetaOp::ChunkHeartbeat { node, capacity_bytes, used_bytes, table_version } = req.op
+        let MetaOp::ChunkHeartbeat { node, capacity_bytes, used_bytes, table_version, repair } =
+            req.op
         else {
             return Err(FsError::Invalid("not a heartbeat".into()));
         };
-        self.liveness.beat(node, capacity_bytes, used_bytes);
+        self.liveness.beat(node, capacity_bytes, used_bytes, repair);
         let table = self.raft.read(stoa_meta::chain_table).await?;
-        Ok(MetaResponse::Heartbeat { table: (table.version != table_version).then_some(table) })
+        Ok(MetaResponse::Heartbeat {
+            table: (table.version != table_version).then_some(table),
+            replicas: self.cfg.replicas,
+        })
     }
 
     /// Sends `req` to the leader and returns its answer. One hop: the leader answers

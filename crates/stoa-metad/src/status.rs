@@ -57,6 +57,8 @@ impl Node {
                     capacity_bytes: beat.map_or(r.capacity_bytes, |b| b.capacity_bytes),
                     used_bytes: beat.map_or(r.used_bytes, |b| b.used_bytes),
                     last_heartbeat_ms: beat.map(|b| b.at.elapsed().as_millis() as u64),
+                    repair: beat.map(|b| b.repair).unwrap_or_default(),
+                    copy_rate_bytes_per_sec: beat.map_or(0, |b| b.copy_rate_bytes_per_sec),
                 }
             })
             .collect();

@@ -31,7 +31,7 @@ pub enum ChunkOp {
     Truncate { chunk: ChunkId, len: u32, version: Option<u64> },
     /// Makes every earlier write to these chunks durable on every server of the chain.
     Sync { chunks: Vec<ChunkId> },
-    /// Lists the chunks of the chain this server holds, with their versions.
+    /// Lists the chunks of the chain this server holds, with their versions and lengths.
     ListChunks,
     /// Reads a whole chunk with its version, for a resyncing peer.
     FetchChunk { chunk: ChunkId },
@@ -65,7 +65,8 @@ pub enum ChunkResponse {
     },
     /// Data follows as the payload.
     Data,
-    Chunks(Vec<(ChunkId, u64)>),
+    /// `(chunk, version, length in bytes)` of every chunk listed.
+    Chunks(Vec<(ChunkId, u64, u32)>),
     /// A whole chunk follows as the payload.
     Chunk {
         version: u64,

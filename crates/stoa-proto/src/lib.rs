@@ -27,7 +27,7 @@ pub use frame::{
 };
 pub use meta::{
     ChunkServerStatus, ClusterStatus, FileLock, LockKind, LockOwner, MetaMemberStatus, MetaOp,
-    MetaRequest, MetaResponse, SessionGrant,
+    MetaRequest, MetaResponse, RepairProgress, SessionGrant,
 };
 
 use serde::{Deserialize, Serialize};
@@ -35,7 +35,10 @@ use stoa_types::FsError;
 
 /// The version every frame carries. A peer speaking another version is refused with a
 /// clear error rather than misread.
-pub const PROTOCOL_VERSION: u8 = 1;
+///
+/// 2: chunk heartbeats and status carry repair progress; `ListChunks` answers lengths;
+/// heartbeat answers carry the replica count.
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

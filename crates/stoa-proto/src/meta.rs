@@ -144,6 +144,8 @@ pub enum MetaOp {
         capacity_bytes: u64,
         used_bytes: u64,
         table_version: u64,
+        /// Resync, rebuild and scrub progress, for `stoa status`.
+        repair: RepairProgress,
     },
     /// A syncing member of `chain` has copied everything and may serve reads.
     ChunkSynced {
@@ -254,8 +256,11 @@ pub enum MetaResponse {
         node: NodeId,
         cluster: ClusterId,
     },
+    /// `replicas`: the cluster's replica count, which tells a server when a chain that
+    /// no longer lists it is whole without it (its old copies there are garbage).
     Heartbeat {
         table: Option<ChainTable>,
+        replicas: u8,
     },
     /// The conflicting lock found by [`MetaOp::GetLock`], or `None` when the range is free.
     Lock(Option<FileLock>),
@@ -285,6 +290,29 @@ pub struct ChunkServerStatus {
     pub used_bytes: u64,
     /// Milliseconds since its last heartbeat, if it ever sent one to this leader.
     pub last_heartbeat_ms: Option<u64>,
+    /// What its last heartbeat said about repair work.
+    pub repair: RepairProgress,
+    /// Bytes per second copied into this server by resync and rebuild, measured by the
+    /// leader between heartbeats.
+    pub copy_rate_bytes_per_sec: u64,
+}
+
+/// Repair work one chunk server reports in every heartbeat: what it still has to copy
+/// from its chains (resync after a return, or a rebuild onto it), and what its copying and
+/// scrubbing did so far (counters since the server started).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairProgress {
+    /// Chunks still to copy in the resyncs running now.
+    pub backlog_chunks: u64,
+    /// Bytes of those chunks, as their source reported them.
+    pub backlog_bytes: u64,
+    pub copied_chunks: u64,
+    pub copied_bytes: u64,
+    /// Bytes whose checksums the scrubber verified.
+    pub scrubbed_bytes: u64,
+    /// Damaged replicas found (by the scrubber or a read) and repaired from a peer.
+    pub corrupt_found: u64,
+    pub corrupt_repaired: u64,
 }
 
 /// The whole cluster at a glance, as `stoa status` shows it.

@@ -153,6 +153,12 @@ impl Engine {
         Paths { data: dir.join(&name), header: dir.join(format!("{name}.{HEADER_EXT}")), dir }
     }
 
+    /// Where the chunk's bytes live, for tests that damage them.
+    #[cfg(test)]
+    pub(crate) fn data_path(&self, chunk: ChunkId) -> PathBuf {
+        self.paths(chunk).data
+    }
+
     /// The chunk's version; 0 when it does not exist. A damaged header is `Checksum`.
     pub fn version(&self, chunk: ChunkId) -> Result<u64, FsError> {
         let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
@@ -223,8 +229,12 @@ impl Engine {
         Ok(Outcome::Applied(next))
     }
 
-    /// Cuts (or zero-extends) the chunk to `len` bytes under the version rule; `len` 0
-    /// removes it. Removing needs no earlier state, so it is applied across a gap.
+    /// Cuts (or zero-extends) the chunk to `len` bytes under the version rule. `len` 0
+    /// removes the data but keeps the header as a tombstone with the new version: if it
+    /// removed the header too, the chunk would restart at version 1 when written again,
+    /// and a replica that missed the removal could hold other bytes at the same version,
+    /// which a resync (comparing versions) would keep. Removing needs no earlier state, so
+    /// it is applied across a gap.
     pub fn truncate(
         &self,
         chunk: ChunkId,
@@ -237,11 +247,17 @@ impl Engine {
         let paths = self.paths(chunk);
         if len == 0 {
             return match (&local, version) {
-                (Local::Absent, _) => Ok(Outcome::Skipped(0)),
+                (Local::Absent, None) => Ok(Outcome::Skipped(0)),
+                (Local::Present(h), None) if h.len == 0 => Ok(Outcome::Skipped(h.version)),
                 (_, Some(v)) if local.version() >= v => Ok(Outcome::Skipped(local.version())),
                 _ => {
-                    remove_files(&paths)?;
-                    Ok(Outcome::Applied(version.unwrap_or(local.version() + 1)))
+                    let next = version.unwrap_or(local.version() + 1);
+                    let tombstone = Header { version: next, ..Header::empty(chunk) };
+                    std::fs::create_dir_all(&paths.dir)
+                        .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
+                    save_header(&paths, &tombstone)?;
+                    remove_data(&paths)?;
+                    Ok(Outcome::Applied(next))
                 }
             };
         }
@@ -328,6 +344,11 @@ impl Engine {
     /// Every chunk held, with its version (0 for a damaged header, so that a resync
     /// replaces it).
     pub fn list(&self) -> Result<Vec<(ChunkId, u64)>, FsError> {
+        Ok(self.list_sized()?.into_iter().map(|(chunk, version, _)| (chunk, version)).collect())
+    }
+
+    /// Every chunk held, with its version (as [`Engine::list`]) and length in bytes.
+    pub fn list_sized(&self) -> Result<Vec<(ChunkId, u64, u32)>, FsError> {
         let mut out = Vec::new();
         let what = |p: &Path| format!("list {}", p.display());
         let fans =
@@ -346,7 +367,8 @@ impl Engine {
                 let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
                 match self.load(chunk)? {
                     Local::Absent => {}
-                    local => out.push((chunk, local.version())),
+                    Local::Present(h) => out.push((chunk, h.version, h.len)),
+                    Local::Corrupt(_) => out.push((chunk, 0, 0)),
                 }
             }
         }
@@ -367,6 +389,19 @@ impl Engine {
         let capacity = st.f_blocks as u64 * frsize;
         let available = st.f_bavail as u64 * frsize;
         Ok((capacity, capacity.saturating_sub(available)))
+    }
+
+    /// Refuses with `NoSpace` when writing `need` more bytes would leave less than
+    /// `reserve_bytes` free on the store's filesystem.
+    pub fn check_space(&self, need: u64, reserve_bytes: u64) -> Result<(), FsError> {
+        if reserve_bytes == 0 {
+            return Ok(());
+        }
+        let (capacity, used) = self.usage()?;
+        if capacity.saturating_sub(used) < need.saturating_add(reserve_bytes) {
+            return Err(FsError::NoSpace);
+        }
+        Ok(())
     }
 
     fn load(&self, chunk: ChunkId) -> Result<Local, FsError> {
@@ -531,6 +566,15 @@ fn save_header(paths: &Paths, header: &Header) -> Result<(), FsError> {
         std::fs::rename(&tmp, &paths.header)
     };
     write().map_err(|e| io_err(format!("write {}", paths.header.display()), e))
+}
+
+/// Removes the data file of a chunk whose header says it is empty.
+fn remove_data(paths: &Paths) -> Result<(), FsError> {
+    match std::fs::remove_file(&paths.data) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(format!("remove {}", paths.data.display()), e)),
+    }
 }
 
 /// Removes the header first: from then on the chunk does not exist, whatever happens to

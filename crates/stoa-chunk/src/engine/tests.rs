@@ -79,11 +79,14 @@ fn truncate_shrinks_extends_and_removes() {
     assert!(e.read(id(4), 5000, 2000).unwrap().iter().all(|&b| b == 0));
     assert_eq!(e.truncate(id(4), 0, None).unwrap(), Outcome::Applied(5));
     assert_eq!(e.read(id(4), 0, 10).unwrap(), Vec::<u8>::new());
-    assert_eq!(e.version(id(4)).unwrap(), 0);
-    assert!(e.list().unwrap().is_empty());
+    // The version survives as a tombstone, so that a rewrite never reuses a version.
+    assert_eq!(e.version(id(4)).unwrap(), 5);
+    assert_eq!(e.list().unwrap(), vec![(id(4), 5)]);
     let files: Vec<_> = walk(dir.path().join("chunks"));
-    assert!(files.is_empty(), "left behind: {files:?}");
-    assert_eq!(e.truncate(id(4), 0, None).unwrap(), Outcome::Skipped(0));
+    assert_eq!(files.len(), 1, "only the header is left: {files:?}");
+    assert_eq!(e.truncate(id(4), 0, None).unwrap(), Outcome::Skipped(5));
+    assert_eq!(e.write(id(4), 0, b"again", None).unwrap(), Outcome::Applied(6));
+    assert_eq!(e.read(id(4), 0, 10).unwrap(), b"again".to_vec());
 }
 
 fn walk(dir: PathBuf) -> Vec<PathBuf> {
@@ -159,7 +162,7 @@ fn versions_apply_in_order_skip_repeats_and_refuse_gaps() {
     // Removal needs no earlier state, so it crosses a gap.
     e.write(id(8), 0, b"a", None).unwrap();
     assert_eq!(e.truncate(id(8), 0, Some(9)).unwrap(), Outcome::Applied(9));
-    assert_eq!(e.truncate(id(8), 0, Some(9)).unwrap(), Outcome::Skipped(0));
+    assert_eq!(e.truncate(id(8), 0, Some(9)).unwrap(), Outcome::Skipped(9));
 }
 
 #[test]
@@ -206,4 +209,12 @@ fn different_chunks_are_written_in_parallel_safely() {
         assert_eq!(e.read(id(100 + t), 0, 1 << 20).unwrap(), vec![t as u8; 5000]);
         assert_eq!(e.version(id(100 + t)).unwrap(), 50);
     }
+}
+
+#[test]
+fn a_write_that_would_eat_the_reserve_is_no_space() {
+    let (_d, e) = engine();
+    e.check_space(1 << 20, 0).unwrap();
+    e.check_space(1 << 20, 1).unwrap();
+    assert_eq!(e.check_space(1 << 20, u64::MAX / 2), Err(FsError::NoSpace));
 }

@@ -13,6 +13,7 @@
 mod locks;
 mod replicate;
 mod resync;
+mod scrub;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -27,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stoa_net::{Handler, MetaClient, Pool};
 use stoa_proto::{
-    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Reply, Request,
-    Response,
+    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, RepairProgress, Reply,
+    Request, Response,
 };
 use stoa_types::{Chain, ChainId, ChunkId, FsError, NodeId, RequestId, SessionId};
 use table::ChainView;
@@ -46,6 +47,9 @@ pub(crate) struct Stats {
     pub chunks_copied: AtomicU64,
     pub chunks_dropped: AtomicU64,
     pub corrupt_reports: AtomicU64,
+    pub copied_bytes: AtomicU64,
+    pub scrubbed_bytes: AtomicU64,
+    pub corrupt_repaired: AtomicU64,
 }
 
 /// Resync bookkeeping per chain, under one lock so that a table change and a finishing
@@ -57,16 +61,34 @@ struct Resyncs {
     done: HashMap<ChainId, u64>,
 }
 
+/// Operator limits of one server.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Limits {
+    /// Bytes per second the scrubber verifies; 0: no scrubber.
+    pub scrub_bytes_per_sec: u64,
+    /// Free bytes the head of a chain keeps on its disk; other servers of the chain keep
+    /// half of it, so that a write refused for space is refused at the head, before any
+    /// replica applied it, whenever the disks are alike.
+    pub reserve_bytes: u64,
+}
+
 /// One running chunk server.
 pub(crate) struct Server {
     pub node: NodeId,
     pub engine: Arc<Engine>,
     pub stats: Stats,
+    limits: Limits,
     pool: Pool,
     meta: MetaClient,
     view: ChainView,
     order: OrderLocks,
     resyncs: Mutex<Resyncs>,
+    /// The cluster's replica count, from meta's heartbeat answers (0 until the first).
+    replicas: AtomicU64,
+    /// Chunks seen on a whole chain without us in the last sweep (see scrub.rs).
+    orphans: Mutex<HashSet<ChunkId>>,
+    /// Chunks and bytes each running resync still has to copy.
+    backlog: Mutex<HashMap<ChainId, (u64, u64)>>,
     tasks: Mutex<JoinSet<()>>,
 }
 
@@ -84,16 +106,26 @@ fn meta_request(op: MetaOp) -> MetaRequest {
 }
 
 impl Server {
-    pub fn new(node: NodeId, engine: Arc<Engine>, pool: Pool, meta: MetaClient) -> Server {
+    pub fn new(
+        node: NodeId,
+        engine: Arc<Engine>,
+        pool: Pool,
+        meta: MetaClient,
+        limits: Limits,
+    ) -> Server {
         Server {
             node,
             engine,
             stats: Stats::default(),
+            limits,
             pool,
             meta,
             view: ChainView::default(),
             order: OrderLocks::default(),
             resyncs: Mutex::new(Resyncs::default()),
+            replicas: AtomicU64::new(0),
+            orphans: Mutex::new(HashSet::new()),
+            backlog: Mutex::new(HashMap::new()),
             tasks: Mutex::new(JoinSet::new()),
         }
     }
@@ -153,6 +185,26 @@ impl Server {
         });
     }
 
+    /// Repair progress for the next heartbeat.
+    pub(crate) fn repair_progress(&self) -> RepairProgress {
+        let (backlog_chunks, backlog_bytes) = self
+            .backlog
+            .lock()
+            .expect("backlog lock poisoned")
+            .values()
+            .fold((0, 0), |(c, b), (cc, bb)| (c + cc, b + bb));
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RepairProgress {
+            backlog_chunks,
+            backlog_bytes,
+            copied_chunks: load(&self.stats.chunks_copied),
+            copied_bytes: load(&self.stats.copied_bytes),
+            scrubbed_bytes: load(&self.stats.scrubbed_bytes),
+            corrupt_found: load(&self.stats.corrupt_reports),
+            corrupt_repaired: load(&self.stats.corrupt_repaired),
+        }
+    }
+
     /// Passes a checksum error through, reporting it first.
     fn checked<T>(&self, chunk: ChunkId, result: Result<T, FsError>) -> Result<T, FsError> {
         if let Err(FsError::Checksum(detail)) = &result {
@@ -203,8 +255,13 @@ impl Server {
             }
             ChunkOp::Install { chunk, version } => {
                 let _order = self.order.lock(chunk).await;
-                let outcome =
-                    self.disk(move |e| e.install(chunk, version, &payload, false)).await?;
+                let reserve = self.limits.reserve_bytes / 2;
+                let outcome = self
+                    .disk(move |e| {
+                        e.check_space(payload.len() as u64, reserve)?;
+                        e.install(chunk, version, &payload, false)
+                    })
+                    .await?;
                 Ok((ChunkResponse::Written { version: outcome.version() }, none))
             }
         }
@@ -249,13 +306,13 @@ impl Server {
         }
     }
 
-    /// The chunks of `chain` this server holds, with their versions.
-    async fn list(&self, chain: ChainId) -> Result<Vec<(ChunkId, u64)>, FsError> {
+    /// The chunks of `chain` this server holds, with their versions and lengths.
+    async fn list(&self, chain: ChainId) -> Result<Vec<(ChunkId, u64, u32)>, FsError> {
         let table = self.view.table();
-        let all = self.disk(|e| e.list()).await?;
+        let all = self.disk(|e| e.list_sized()).await?;
         Ok(all
             .into_iter()
-            .filter(|(chunk, _)| table.chain_for(*chunk).is_some_and(|c| c.id == chain))
+            .filter(|(chunk, _, _)| table.chain_for(*chunk).is_some_and(|c| c.id == chain))
             .collect())
     }
 

@@ -29,10 +29,20 @@ impl Server {
         let _order = self.order.lock(chunk).await;
         let local_op = op.clone();
         let data = payload.clone();
+        let reserve = self.reserve_for(&local_op);
         let applied = self
             .disk(move |e| match local_op {
-                ChunkOp::Write { offset, version, .. } => e.write(chunk, offset, &data, version),
-                ChunkOp::Truncate { len, version, .. } => e.truncate(chunk, len, version),
+                ChunkOp::Write { offset, version, .. } => {
+                    e.check_space(data.len() as u64, reserve)?;
+                    e.write(chunk, offset, &data, version)
+                }
+                // Cutting to 0 deletes, which must work on a full disk to free it.
+                ChunkOp::Truncate { len, version, .. } => {
+                    if len > 0 {
+                        e.check_space(u64::from(len), reserve)?;
+                    }
+                    e.truncate(chunk, len, version)
+                }
                 other => Err(FsError::Invalid(format!("{other:?} is not a chunk mutation"))),
             })
             .await;
@@ -50,6 +60,17 @@ impl Server {
         };
         self.forward(chain, chunk, forwarded, payload).await?;
         Ok(version)
+    }
+
+    /// The free space a mutation must leave: the whole reserve at the head, half of it
+    /// further down (see `Limits::reserve_bytes`).
+    pub(super) fn reserve_for(&self, op: &ChunkOp) -> u64 {
+        match op {
+            ChunkOp::Write { version: None, .. } | ChunkOp::Truncate { version: None, .. } => {
+                self.limits.reserve_bytes
+            }
+            _ => self.limits.reserve_bytes / 2,
+        }
     }
 
     /// Sends a mutation to the next server of the write path. A successor with a gap

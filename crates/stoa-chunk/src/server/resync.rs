@@ -24,6 +24,41 @@ use stoa_types::{Chain, ChainId, ChunkId, FsError};
 
 /// How long to wait before retrying a resync that failed.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// A resync logs its progress every this many chunks.
+const PROGRESS_EVERY: usize = 64;
+
+/// What one running resync still has to copy, shown in heartbeats; cleared when the
+/// pass ends, however it ends.
+struct Backlog<'a> {
+    server: &'a Server,
+    chain: ChainId,
+}
+
+impl<'a> Backlog<'a> {
+    fn start(server: &'a Server, chain: ChainId, chunks: u64, bytes: u64) -> Backlog<'a> {
+        server.backlog.lock().expect("backlog lock poisoned").insert(chain, (chunks, bytes));
+        Backlog { server, chain }
+    }
+
+    fn copied(&self, bytes: u64) {
+        let mut all = self.server.backlog.lock().expect("backlog lock poisoned");
+        if let Some((chunks, left)) = all.get_mut(&self.chain) {
+            *chunks = chunks.saturating_sub(1);
+            *left = left.saturating_sub(bytes);
+        }
+    }
+
+    fn left(&self) -> (u64, u64) {
+        let all = self.server.backlog.lock().expect("backlog lock poisoned");
+        all.get(&self.chain).copied().unwrap_or_default()
+    }
+}
+
+impl Drop for Backlog<'_> {
+    fn drop(&mut self) {
+        self.server.backlog.lock().expect("backlog lock poisoned").remove(&self.chain);
+    }
+}
 
 impl Server {
     /// Starts a resync task for every chain that lists us as syncing and has none yet.
@@ -114,25 +149,50 @@ impl Server {
 
     /// Brings every chunk of `chain` to the version the member at `addr` has.
     async fn copy_from(&self, chain: &Chain, addr: std::net::SocketAddr) -> Result<(), FsError> {
-        let theirs: HashMap<ChunkId, u64> = match self
+        let theirs: HashMap<ChunkId, (u64, u32)> = match self
             .call_peer(addr, chain, ChunkOp::ListChunks, Bytes::new())
             .await?
         {
-            (ChunkResponse::Chunks(list), _) => list.into_iter().collect(),
+            (ChunkResponse::Chunks(list), _) => {
+                list.into_iter().map(|(chunk, version, len)| (chunk, (version, len))).collect()
+            }
             (other, _) => return Err(FsError::Protocol(format!("ListChunks answered {other:?}"))),
         };
-        let ours: HashMap<ChunkId, u64> = self.list(chain.id).await?.into_iter().collect();
+        let ours: HashMap<ChunkId, u64> =
+            self.list(chain.id).await?.into_iter().map(|(c, v, _)| (c, v)).collect();
         // After an unclean stop a chunk's data may be newer than its header, so chunks
         // whose versions agree are checked too.
         let verify = self.engine.opened_dirty();
-        for (&chunk, &version) in &theirs {
+        let mut work: Vec<(ChunkId, u32, bool)> = Vec::new();
+        for (&chunk, &(version, len)) in &theirs {
             let differs = ours.get(&chunk) != Some(&version);
             if differs || (verify && self.disk(move |e| e.verify(chunk)).await.is_err()) {
-                self.copy_chunk(chain, addr, chunk, !differs).await?;
+                work.push((chunk, len, !differs));
             }
         }
-        for &chunk in ours.keys().filter(|c| !theirs.contains_key(c)) {
-            self.copy_chunk(chain, addr, chunk, false).await?;
+        // Ours alone: the member deleted them while we were away (garbage collection).
+        work.extend(ours.keys().filter(|c| !theirs.contains_key(c)).map(|&c| (c, 0, false)));
+        let total = work.iter().map(|(_, len, _)| u64::from(*len)).sum();
+        let backlog = Backlog::start(self, chain.id, work.len() as u64, total);
+        if !work.is_empty() {
+            tracing::info!(
+                "chunk server {}: chain {} needs {} chunks ({total} bytes) from {addr}",
+                self.node,
+                chain.id,
+                work.len()
+            );
+        }
+        for (done, (chunk, len, repair)) in work.into_iter().enumerate() {
+            self.copy_chunk(chain, addr, chunk, repair).await?;
+            backlog.copied(u64::from(len));
+            if (done + 1) % PROGRESS_EVERY == 0 {
+                let (chunks, bytes) = backlog.left();
+                tracing::info!(
+                    "chunk server {}: chain {}: {chunks} chunks ({bytes} bytes) left to copy",
+                    self.node,
+                    chain.id
+                );
+            }
         }
         Ok(())
     }
@@ -158,7 +218,9 @@ impl Server {
         if ours == version && !repair {
             return Ok(());
         }
+        let len = data.len() as u64;
         self.disk(move |e| e.install(chunk, version, &data, true)).await?;
+        self.stats.copied_bytes.fetch_add(len, Ordering::Relaxed);
         let counter =
             if version == 0 { &self.stats.chunks_dropped } else { &self.stats.chunks_copied };
         counter.fetch_add(1, Ordering::Relaxed);

@@ -8,12 +8,15 @@ use std::time::{Duration, Instant};
 use stoa_proto::{MetaOp, MetaResponse};
 use stoa_types::{Chain, ChainId, ChainTable, FsError};
 
-/// How often the server reports to meta; meta's leader expects every 500 ms.
-pub(crate) const HEARTBEAT_PERIOD: Duration = Duration::from_millis(500);
-/// Meta takes a server that was silent this long out of its chains. A server that has
-/// had no heartbeat answered for as long stops serving first: its chains may have moved
-/// on without it, and serving reads from an old table would return stale data.
-pub(crate) const FENCE_AFTER: Duration = Duration::from_secs(2);
+/// How often the server reports to meta: several beats fit in meta's 1.5 s timeout, so
+/// one lost or slow beat does not take a healthy server out of its chains.
+pub(crate) const HEARTBEAT_PERIOD: Duration = Duration::from_millis(300);
+/// Meta takes a server that was silent this long out of its chains (`DOWN_AFTER` in
+/// stoa-metad). A server that has had no heartbeat answered for as long stops serving
+/// first: its chains may have moved on without it, and serving reads from an old table
+/// would return stale data. The fence counts from when the answered heartbeat was
+/// *sent*, meta from when it *arrived*, so the server always fences first.
+pub(crate) const FENCE_AFTER: Duration = Duration::from_millis(1500);
 
 #[derive(Default)]
 pub(crate) struct ChainView {
@@ -140,13 +143,17 @@ impl Server {
                 capacity_bytes,
                 used_bytes,
                 table_version: self.table().version,
+                repair: self.repair_progress(),
             };
             match self.call_meta(op).await {
-                Ok(MetaResponse::Heartbeat { table }) => {
-                    self.meta_acked(sent);
+                Ok(MetaResponse::Heartbeat { table, replicas }) => {
+                    self.replicas.store(replicas.into(), std::sync::atomic::Ordering::Relaxed);
+                    // The new table first, then the fence lifted: a server waking from a
+                    // stop must not answer a request from its old table in between.
                     if let Some(table) = table {
                         self.adopt(table);
                     }
+                    self.meta_acked(sent);
                 }
                 Ok(other) => tracing::warn!("meta answered a heartbeat with {other:?}"),
                 Err(e) => tracing::debug!("heartbeat to meta failed: {e}"),

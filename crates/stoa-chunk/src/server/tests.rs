@@ -55,6 +55,7 @@ impl FakeMeta {
             }
             MetaOp::ChunkHeartbeat { table_version, .. } => Ok(MetaResponse::Heartbeat {
                 table: (table_version != s.table.version).then(|| s.table.clone()),
+                replicas: 3,
             }),
             MetaOp::GetChainTable => Ok(MetaResponse::ChainTable(s.table.clone())),
             MetaOp::ChunkSynced { node, chain, chain_version } => {
@@ -120,6 +121,8 @@ fn config(dir: &std::path::Path, meta: SocketAddr) -> ChunkConfig {
         data_dir: dir.to_path_buf(),
         meta: vec![meta],
         zone: "z1".into(),
+        scrub_bytes_per_sec: 0,
+        reserve_bytes: 0,
     }
 }
 
@@ -273,7 +276,8 @@ async fn a_retried_write_is_idempotent_and_truncate_replicates() {
         c.call(0, &chain, remove, b"").await.unwrap();
         for i in 0..3 {
             assert!(c.read(i, &chain, chunk(0)).await.unwrap().is_empty());
-            assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 0);
+            // Removed to a tombstone that keeps the version (see Engine::truncate).
+            assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 4);
         }
     })
     .await;
@@ -348,8 +352,9 @@ async fn a_returning_server_resyncs_only_differing_chunks_and_reports_synced() {
         })
         .await;
         let stats = &c.server(2).server.stats;
-        assert_eq!(stats.chunks_copied.load(Ordering::Relaxed), 2, "chunks 0 and 9 differ");
-        assert_eq!(stats.chunks_dropped.load(Ordering::Relaxed), 1, "chunk 3 was deleted");
+        // Chunk 3 was cut to nothing: its tombstone (a newer version) is copied too.
+        assert_eq!(stats.chunks_copied.load(Ordering::Relaxed), 3, "chunks 0, 3 and 9 differ");
+        assert_eq!(stats.chunks_dropped.load(Ordering::Relaxed), 0);
         c.converge().await;
         let full = c.chain();
         assert_eq!(full.members, vec![c.node(0), c.node(1), gone]);
@@ -507,6 +512,28 @@ async fn an_unclean_restart_repairs_chunks_whose_data_disagrees_with_their_heade
         let stats = &c.server(2).server.stats;
         assert_eq!(stats.chunks_copied.load(Ordering::Relaxed), 1, "only the torn chunk");
         assert_eq!(c.server(2).server.engine.fetch(chunk(1)).unwrap().1, vec![5u8; 6000]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_replica_is_repaired_from_a_chain_member() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
+        let version = c.write(&chain, chunk(3), 0, &data).await;
+        let damaged = &c.server(1).server;
+        let path = damaged.engine.data_path(chunk(3));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[9000] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+        // The damage never reaches a reader: the read is refused and reported.
+        let read = c.read(1, &chain, chunk(3)).await;
+        assert!(matches!(read, Err(FsError::Checksum(_))), "{read:?}");
+        assert_eq!(damaged.repair(chunk(3)).await.unwrap(), version);
+        assert_eq!(c.read(1, &chain, chunk(3)).await.unwrap(), data);
+        assert!(damaged.stats.corrupt_reports.load(Ordering::Relaxed) >= 1);
     })
     .await;
 }

@@ -5,6 +5,7 @@
 //! ```text
 //!  register --(>= replicas servers, no chains)--> chain i = servers i, i+1, ... (R of them)
 //!  member --ChunkServerDown--> out --ChunkServerUp--> syncing --ChunkSynced--> member (tail)
+//!  short chain, too long --RebuildChain{chain, other server}--> syncing --> member
 //! ```
 //!
 //! Every change bumps the changed chain's version and the table's version; chunk servers
@@ -165,6 +166,30 @@ pub(crate) fn server_up(kv: &mut impl KvWrite, node: NodeId) -> Result<MetaRespo
     Ok(MetaResponse::Done)
 }
 
+/// Adds `node` as a syncing member of `chain` if the chain is still short of replicas and
+/// does not hold it. The leader proposes this once a chain stayed short for longer than
+/// the rebuild delay; a stale proposal (the chain healed meanwhile) changes nothing.
+pub(crate) fn rebuild(
+    kv: &mut impl KvWrite,
+    chain: ChainId,
+    node: NodeId,
+) -> Result<MetaResponse, FsError> {
+    let replicas = usize::from(load_cluster(kv)?.replicas);
+    if kv.get(Table::ChunkServers, &node_key(node))?.is_none() {
+        return Err(FsError::NotFound);
+    }
+    change_chains(kv, |c| {
+        let add = c.id == chain
+            && c.write_path().count() < replicas
+            && !c.write_path().any(|n| n == node);
+        if add {
+            c.syncing.push(node);
+        }
+        add
+    })?;
+    Ok(MetaResponse::Done)
+}
+
 /// A syncing server of `chain` has caught up: it becomes the chain's tail. Refused with
 /// `StaleChain` when the chain changed since the server started syncing.
 pub(crate) fn synced(
@@ -317,5 +342,30 @@ mod tests {
         let no_chain =
             MetaOp::ChunkSynced { node: NodeId(102), chain: ChainId(9), chain_version: 1 };
         assert!(matches!(fs.call(no_chain), Err(FsError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_short_chain_is_rebuilt_on_another_server_once() {
+        let mut fs = Fs::with_replicas(2);
+        for port in 1..=3 {
+            register(&mut fs, None, None, port).unwrap();
+        }
+        apply(&mut fs.kv, &Command::ChunkServerDown { node: NodeId(101) }).unwrap();
+        let down = chain_table(&fs.kv).unwrap();
+        // Chain 0 was 100,101 and is now 100 alone.
+        assert_eq!(down.chains[0].members, ids(&[100]));
+        let rebuild = Command::RebuildChain { chain: ChainId(0), node: NodeId(102) };
+        apply(&mut fs.kv, &rebuild).unwrap();
+        let rebuilt = chain_table(&fs.kv).unwrap();
+        assert_eq!(rebuilt.chains[0].syncing, ids(&[102]));
+        assert_eq!(rebuilt.chains[0].version, down.chains[0].version + 1);
+        assert_eq!(rebuilt.chains[1..], down.chains[1..], "other chains untouched");
+        // Repeated, or for a server already in the chain: nothing changes.
+        apply(&mut fs.kv, &rebuild).unwrap();
+        let member = Command::RebuildChain { chain: ChainId(0), node: NodeId(100) };
+        apply(&mut fs.kv, &member).unwrap();
+        assert_eq!(chain_table(&fs.kv).unwrap(), rebuilt);
+        let unknown = Command::RebuildChain { chain: ChainId(0), node: NodeId(999) };
+        assert_eq!(apply(&mut fs.kv, &unknown), Err(FsError::NotFound));
     }
 }

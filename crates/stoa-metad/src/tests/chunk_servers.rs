@@ -63,9 +63,10 @@ async fn heartbeat(client: &MetaClient, node: NodeId, table_version: u64) -> Opt
         capacity_bytes: 1 << 30,
         used_bytes: 1 << 20,
         table_version,
+        repair: stoa_proto::RepairProgress::default(),
     });
     match client.call(req).await.unwrap() {
-        MetaResponse::Heartbeat { table } => table,
+        MetaResponse::Heartbeat { table, .. } => table,
         other => panic!("heartbeat answered {other:?}"),
     }
 }

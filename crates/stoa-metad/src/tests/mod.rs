@@ -41,6 +41,7 @@ fn lone_config(dir: &std::path::Path, addr: SocketAddr) -> MetaConfig {
         bootstrap: true,
         replicas: 1,
         chunk_size_bytes: 64 * 1024,
+        rebuild_after: crate::REBUILD_AFTER_DEFAULT,
     }
 }
 
@@ -82,6 +83,7 @@ impl Cluster {
             bootstrap: true,
             replicas: self.replicas,
             chunk_size_bytes: 64 * 1024,
+            rebuild_after: crate::REBUILD_AFTER_DEFAULT,
         }
     }
 

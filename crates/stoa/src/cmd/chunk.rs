@@ -4,7 +4,7 @@ use crate::config::{self, required};
 use anyhow::Context;
 use serde::Deserialize;
 use std::path::PathBuf;
-use stoa_chunk::ChunkConfig;
+use stoa_chunk::{ChunkConfig, RESERVE_BYTES_DEFAULT, SCRUB_BYTES_PER_SEC_DEFAULT};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,7 +20,16 @@ pub struct Args {
     /// Failure-domain label; replicas of a chunk are spread over zones.
     #[arg(long)]
     zone: Option<String>,
-    /// TOML file with the same keys (listen, data, meta, zone); flags win over it.
+    /// Bytes per second the background scrubber reads to verify checksums (0: off;
+    /// default 8 MiB/s).
+    #[arg(long)]
+    scrub_bytes_per_sec: Option<u64>,
+    /// Free bytes to keep on the data disk: writes that would go below are refused with
+    /// ENOSPC, so that the server can still run (default 256 MiB).
+    #[arg(long)]
+    reserve_bytes: Option<u64>,
+    /// TOML file with the same keys (listen, data, meta, zone, scrub_bytes_per_sec,
+    /// reserve_bytes); flags win over it.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -32,6 +41,8 @@ struct File {
     data: Option<PathBuf>,
     meta: Option<String>,
     zone: Option<String>,
+    scrub_bytes_per_sec: Option<u64>,
+    reserve_bytes: Option<u64>,
 }
 
 fn resolve(args: Args) -> anyhow::Result<ChunkConfig> {
@@ -43,6 +54,11 @@ fn resolve(args: Args) -> anyhow::Result<ChunkConfig> {
         data_dir: required("data", args.data, file.data)?,
         meta: config::addr_list("meta", &meta)?,
         zone: args.zone.or(file.zone).unwrap_or_else(|| "default".into()),
+        scrub_bytes_per_sec: args
+            .scrub_bytes_per_sec
+            .or(file.scrub_bytes_per_sec)
+            .unwrap_or(SCRUB_BYTES_PER_SEC_DEFAULT),
+        reserve_bytes: args.reserve_bytes.or(file.reserve_bytes).unwrap_or(RESERVE_BYTES_DEFAULT),
     })
 }
 

@@ -36,6 +36,16 @@ pub struct Args {
     /// Chunk servers; each chunk is kept on min(3, this) of them.
     #[arg(long, default_value_t = 3)]
     chunk: usize,
+    /// Passed to every meta replica: seconds before a down chunk server's replicas are
+    /// rebuilt elsewhere (needs more chunk servers than replicas).
+    #[arg(long)]
+    rebuild_after_secs: Option<u64>,
+    /// Passed to every chunk server: bytes per second its scrubber verifies.
+    #[arg(long)]
+    scrub_bytes_per_sec: Option<u64>,
+    /// Passed to every chunk server: free bytes it keeps on its disk (ENOSPC below).
+    #[arg(long)]
+    reserve_bytes: Option<u64>,
 }
 
 /// How long the cluster may take to elect a leader and form its chains.
@@ -172,7 +182,7 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-fn spawn_all(dir: &Path, layout: &Layout) -> anyhow::Result<Vec<Node>> {
+fn spawn_all(dir: &Path, layout: &Layout, tuning: &Args) -> anyhow::Result<Vec<Node>> {
     let metas: Vec<SocketAddr> = layout.meta_ports.iter().map(|p| loopback(*p)).collect();
     let peers = metas
         .iter()
@@ -196,19 +206,28 @@ fn spawn_all(dir: &Path, layout: &Layout) -> anyhow::Result<Vec<Node>> {
         if id == 1 {
             args.push("--bootstrap".into());
         }
+        if let Some(secs) = tuning.rebuild_after_secs {
+            args.push(format!("--rebuild-after-secs={secs}"));
+        }
         nodes.push(spawn_node(dir, "meta", id, *addr, args)?);
     }
     for (j, port) in layout.chunk_ports.iter().enumerate() {
         let id = j as u64 + 1;
         let addr = loopback(*port);
         let data = dir.join(format!("chunk-{id}"));
-        let args = vec![
+        let mut args = vec![
             "chunk".to_string(),
             format!("--listen={addr}"),
             format!("--data={}", data.display()),
             format!("--meta={meta_list}"),
             format!("--zone=zone-{}", j % 3 + 1),
         ];
+        if let Some(rate) = tuning.scrub_bytes_per_sec {
+            args.push(format!("--scrub-bytes-per-sec={rate}"));
+        }
+        if let Some(reserve) = tuning.reserve_bytes {
+            args.push(format!("--reserve-bytes={reserve}"));
+        }
         nodes.push(spawn_node(dir, "chunk", id, addr, args)?);
     }
     Ok(nodes)
@@ -315,7 +334,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     });
     // Children are spawned on this thread, which lives as long as the command:
     // PR_SET_PDEATHSIG fires when the spawning thread exits.
-    let mut nodes = spawn_all(&args.dir, &layout)?;
+    let mut nodes = spawn_all(&args.dir, &layout, &args)?;
     let result = rt.block_on(run(&args, &mut nodes, stop_rx));
     stop_all(&mut nodes);
     let _ = std::fs::remove_file(ClusterFile::path(&args.dir));

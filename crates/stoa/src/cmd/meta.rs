@@ -4,7 +4,8 @@ use crate::config::{self, required};
 use anyhow::Context;
 use serde::Deserialize;
 use std::path::PathBuf;
-use stoa_metad::MetaConfig;
+use std::time::Duration;
+use stoa_metad::{MetaConfig, REBUILD_AFTER_DEFAULT};
 use stoa_types::{NodeId, CHUNK_SIZE_BYTES_DEFAULT};
 
 #[derive(clap::Args)]
@@ -30,8 +31,12 @@ pub struct Args {
     /// Bytes per chunk, fixed when the cluster is created (default 4 MiB).
     #[arg(long)]
     chunk_size: Option<u32>,
+    /// Seconds a chunk server may stay down before its replicas are rebuilt on other
+    /// servers (default 300).
+    #[arg(long)]
+    rebuild_after_secs: Option<u64>,
     /// TOML file with the same keys (id, listen, data, peers, bootstrap, replicas,
-    /// chunk_size); flags win over it.
+    /// chunk_size, rebuild_after_secs); flags win over it.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -46,6 +51,7 @@ struct File {
     bootstrap: Option<bool>,
     replicas: Option<u8>,
     chunk_size: Option<u32>,
+    rebuild_after_secs: Option<u64>,
 }
 
 fn resolve(args: Args) -> anyhow::Result<MetaConfig> {
@@ -60,6 +66,10 @@ fn resolve(args: Args) -> anyhow::Result<MetaConfig> {
         bootstrap: args.bootstrap || file.bootstrap.unwrap_or(false),
         replicas: args.replicas.or(file.replicas).unwrap_or(3),
         chunk_size_bytes: args.chunk_size.or(file.chunk_size).unwrap_or(CHUNK_SIZE_BYTES_DEFAULT),
+        rebuild_after: args
+            .rebuild_after_secs
+            .or(file.rebuild_after_secs)
+            .map_or(REBUILD_AFTER_DEFAULT, Duration::from_secs),
     })
 }
 

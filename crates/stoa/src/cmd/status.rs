@@ -73,7 +73,23 @@ pub fn to_json(s: &ClusterStatus) -> serde_json::Value {
             "capacity_bytes": c.capacity_bytes,
             "used_bytes": c.used_bytes,
             "last_heartbeat_ms": c.last_heartbeat_ms,
+            "repair": {
+                "backlog_chunks": c.repair.backlog_chunks,
+                "backlog_bytes": c.repair.backlog_bytes,
+                "copied_chunks": c.repair.copied_chunks,
+                "copied_bytes": c.repair.copied_bytes,
+                "copy_rate_bytes_per_sec": c.copy_rate_bytes_per_sec,
+                "scrubbed_bytes": c.repair.scrubbed_bytes,
+                "corrupt_found": c.repair.corrupt_found,
+                "corrupt_repaired": c.repair.corrupt_repaired,
+            },
         })).collect::<Vec<_>>(),
+        "repair_backlog": {
+            "chunks": s.chunk_servers.iter().map(|c| c.repair.backlog_chunks).sum::<u64>(),
+            "bytes": s.chunk_servers.iter().map(|c| c.repair.backlog_bytes).sum::<u64>(),
+            "rate_bytes_per_sec":
+                s.chunk_servers.iter().map(|c| c.copy_rate_bytes_per_sec).sum::<u64>(),
+        },
         "chains": s.chains.iter().map(|c| json!({
             "id": c.id.0,
             "version": c.version,
@@ -143,6 +159,7 @@ pub fn render(s: &ClusterStatus) -> String {
             gib(c.capacity_bytes)
         );
     }
+    render_repair(&mut out, s);
     let _ = writeln!(out, "\nChains (table version {})", s.table_version);
     let _ = writeln!(out, "  {:<6} {:<8} {:<16} SYNCING", "CHAIN", "VERSION", "MEMBERS");
     for c in &s.chains {
@@ -159,4 +176,27 @@ pub fn render(s: &ClusterStatus) -> String {
         );
     }
     out
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// Resync and rebuild backlog with its rate, and what the scrubbers found.
+fn render_repair(out: &mut String, s: &ClusterStatus) {
+    use std::fmt::Write;
+    let sum = |f: fn(&stoa_proto::ChunkServerStatus) -> u64| s.chunk_servers.iter().map(f).sum();
+    let chunks: u64 = sum(|c| c.repair.backlog_chunks);
+    let bytes: u64 = sum(|c| c.repair.backlog_bytes);
+    let rate: u64 = sum(|c| c.copy_rate_bytes_per_sec);
+    let found: u64 = sum(|c| c.repair.corrupt_found);
+    let repaired: u64 = sum(|c| c.repair.corrupt_repaired);
+    let _ = write!(out, "\nRepair       ");
+    if chunks == 0 {
+        let _ = write!(out, "no backlog");
+    } else {
+        let eta = bytes.checked_div(rate).map_or(String::new(), |s| format!(", about {s} s left"));
+        let _ = write!(out, "{chunks} chunks ({}) to copy at {}/s{eta}", mib(bytes), mib(rate));
+    }
+    let _ = writeln!(out, "; scrub found {found} damaged replicas, repaired {repaired}");
 }

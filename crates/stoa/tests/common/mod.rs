@@ -44,17 +44,26 @@ pub struct Dev {
     restarted: Vec<Child>,
     meta: usize,
     chunk: usize,
+    /// More `stoa dev` flags, passed on every launch.
+    extra: Vec<String>,
 }
 
 impl Dev {
     /// Starts `stoa dev` with `meta` replicas and `chunk` servers in a new directory.
     pub fn start(meta: usize, chunk: usize) -> Dev {
+        Dev::start_with(meta, chunk, &[])
+    }
+
+    /// Starts `stoa dev` with more flags (`--rebuild-after-secs=2`, ...).
+    pub fn start_with(meta: usize, chunk: usize, extra: &[&str]) -> Dev {
         require_root();
         let tmp = tempfile::Builder::new().prefix("stoa-e2e-").tempdir().unwrap();
         let dir = tmp.path().join("cluster");
         let mnt = tmp.path().join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
-        let mut dev = Dev { dir, mnt, _tmp: Some(tmp), dev: None, restarted: vec![], meta, chunk };
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        let mut dev =
+            Dev { dir, mnt, _tmp: Some(tmp), dev: None, restarted: vec![], meta, chunk, extra };
         dev.launch();
         dev
     }
@@ -71,6 +80,7 @@ impl Dev {
             .arg(&self.mnt)
             .arg(format!("--meta={}", self.meta))
             .arg(format!("--chunk={}", self.chunk))
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -154,6 +164,13 @@ impl Dev {
         let pid = self.node(role, id)["pid"].as_i64().unwrap();
         // SAFETY: plain kill(2).
         assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0, "kill {role} {id}");
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT, ...) to a node started by `stoa dev`.
+    pub fn signal(&self, role: &str, id: u64, signal: i32) {
+        let pid = self.node(role, id)["pid"].as_i64().unwrap();
+        // SAFETY: plain kill(2).
+        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "signal {role} {id}");
     }
 
     /// Starts a killed node again with its command line from cluster.json.

@@ -1,0 +1,234 @@
+//! The data path under chunk-server failures, on real processes: a stopped server leaves
+//! its chains and wakes up unable to serve or accept anything stale; a server gone too
+//! long has its replicas rebuilt on the others, and its old copies are swept when it
+//! returns; a flipped byte on disk is found by the scrubber and repaired from a peer.
+
+mod common;
+
+use bytes::Bytes;
+use common::{eventually, pattern, Dev};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use stoa_net::{MetaClient, Pool};
+use stoa_proto::{
+    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Request, Response,
+};
+use stoa_types::{Chain, ChainTable, ChunkId, FsError, InodeId, NodeId, RequestId, SessionId};
+
+const CHUNK_BYTES: usize = 4 << 20;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+fn addr_of(node: &serde_json::Value) -> SocketAddr {
+    node["addr"].as_str().unwrap().parse().unwrap()
+}
+
+/// Meta's chain table, asked of the meta replicas directly.
+fn chain_table(dev: &Dev) -> ChainTable {
+    let metas: Vec<SocketAddr> = dev.cluster_file()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "meta")
+        .map(addr_of)
+        .collect();
+    let client = MetaClient::new(Pool::new(), metas, Duration::from_secs(5));
+    let req =
+        MetaRequest { session: SessionId(0), req_id: RequestId(0), op: MetaOp::GetChainTable };
+    match runtime().block_on(client.call(req)).unwrap() {
+        MetaResponse::ChainTable(table) => table,
+        other => panic!("GetChainTable answered {other:?}"),
+    }
+}
+
+/// The node id meta gave the chunk server `stoa dev` calls `id`.
+fn chunk_node(dev: &Dev, id: u64) -> NodeId {
+    let addr = addr_of(&dev.node("chunk", id));
+    let table = chain_table(dev);
+    table.nodes.iter().find(|n| n.addr == addr).map(|n| n.id).expect("chunk server is known")
+}
+
+/// One chunk request straight to a chunk server, as a client or peer would send it.
+fn chunk_call(
+    addr: SocketAddr,
+    chain: &Chain,
+    op: ChunkOp,
+    payload: &[u8],
+) -> Result<Bytes, FsError> {
+    let req = Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+    let pool = Pool::new();
+    let call = pool.call(addr, &req, Bytes::copy_from_slice(payload), Duration::from_secs(5));
+    match runtime().block_on(call)? {
+        (Response::Chunk(ChunkResponse::Data), data) => Ok(data),
+        (Response::Chunk(ChunkResponse::Written { .. }), _) => Ok(Bytes::new()),
+        (other, _) => panic!("chunk server answered {other:?}"),
+    }
+}
+
+fn write_synced(path: &Path, seed: u64, len: usize) {
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&pattern(seed, 0, len)).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Every chunk header file under a chunk server's data directory.
+fn chunk_headers(data_dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(fans) = std::fs::read_dir(data_dir.join("chunks")) else { return out };
+    for fan in fans.flatten() {
+        for entry in std::fs::read_dir(fan.path()).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "meta") {
+                out.push(entry.path());
+            }
+        }
+    }
+    out
+}
+
+fn data_dir(dev: &Dev, id: u64) -> PathBuf {
+    PathBuf::from(dev.node("chunk", id)["data_dir"].as_str().unwrap())
+}
+
+#[test]
+fn a_stopped_chunk_server_leaves_its_chains_and_wakes_up_unable_to_serve_stale_data() {
+    let mut dev = Dev::start(1, 3);
+    let path = dev.mnt.join("file");
+    let len = CHUNK_BYTES + CHUNK_BYTES / 2;
+    write_synced(&path, 1, len);
+    let ino = InodeId(std::fs::metadata(&path).unwrap().ino());
+    let victim = chunk_node(&dev, 2);
+    let victim_addr = addr_of(&dev.node("chunk", 2));
+    let before = chain_table(&dev);
+
+    dev.signal("chunk", 2, libc::SIGSTOP);
+    let stopped = Instant::now();
+    eventually(20, "the stopped server has left every chain", || {
+        chain_table(&dev).chains.iter().all(|c| !c.write_path().any(|n| n == victim))
+    });
+    println!("the stopped server left its chains after {:.2} s", stopped.elapsed().as_secs_f64());
+    // Writes go on without it.
+    write_synced(&path, 2, len);
+    dev.signal("chunk", 2, libc::SIGCONT);
+
+    // Whatever it knew before it stopped, it can no longer serve or accept.
+    for index in 0..2 {
+        let chunk = ChunkId { ino, index };
+        let old = before.chain_for(chunk).unwrap();
+        let read = chunk_call(victim_addr, old, ChunkOp::Read { chunk, offset: 0, len: 4096 }, b"");
+        assert!(
+            matches!(read, Err(FsError::Unavailable(_) | FsError::StaleChain { .. })),
+            "a read under the old chain version answered {read:?}"
+        );
+        let write = ChunkOp::Write { chunk, offset: 0, version: None };
+        let wrote = chunk_call(victim_addr, old, write, b"stale");
+        assert!(
+            matches!(wrote, Err(FsError::Unavailable(_) | FsError::StaleChain { .. })),
+            "a write under the old chain version answered {wrote:?}"
+        );
+    }
+
+    // It resyncs what changed and rejoins; then it serves the new data.
+    dev.wait_healthy(40);
+    let got = std::fs::read(&path).unwrap();
+    let want = pattern(2, 0, len);
+    let first = got.iter().zip(&want).position(|(a, b)| a != b);
+    assert!(got == want, "file differs after rejoin: len {} first diff {first:?}", got.len());
+    let now = chain_table(&dev);
+    for index in 0..2u64 {
+        let chunk = ChunkId { ino, index };
+        let chain = now.chain_for(chunk).unwrap();
+        assert!(chain.members.contains(&victim), "server is back in chain {}", chain.id);
+        let data =
+            chunk_call(victim_addr, chain, ChunkOp::Read { chunk, offset: 0, len: 4096 }, b"")
+                .unwrap();
+        let at = index * CHUNK_BYTES as u64;
+        assert!(data == pattern(2, at, 4096), "the rejoined replica of chunk {index} is stale");
+    }
+    dev.stop();
+}
+
+#[test]
+fn a_server_gone_too_long_is_rebuilt_elsewhere_and_swept_when_it_returns() {
+    let mut dev =
+        Dev::start_with(1, 4, &["--rebuild-after-secs=2", "--scrub-bytes-per-sec=268435456"]);
+    let files = 3;
+    let len = CHUNK_BYTES + 1000;
+    for i in 0..files {
+        write_synced(&dev.mnt.join(format!("f{i}")), 10 + i, len);
+    }
+    let chunks = files as usize * 2;
+    let victim = chunk_node(&dev, 4);
+    dev.kill9("chunk", 4);
+    eventually(40, "every chain is whole again without the dead server", || {
+        chain_table(&dev)
+            .chains
+            .iter()
+            .all(|c| c.members.len() == 3 && c.syncing.is_empty() && !c.members.contains(&victim))
+    });
+    for i in 0..files {
+        let data = std::fs::read(dev.mnt.join(format!("f{i}"))).unwrap();
+        assert!(data == pattern(10 + i, 0, len), "f{i} differs after the rebuild");
+    }
+    let held: usize = (1..=3).map(|id| chunk_headers(&data_dir(&dev, id)).len()).sum();
+    assert_eq!(held, 3 * chunks, "every chunk is on exactly three live servers");
+    // Heartbeats carry the backlog, so status shows it a beat later.
+    eventually(10, "status shows no repair backlog", || {
+        let status = dev.status();
+        let copied: Vec<u64> = status["chunk"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["repair"]["copied_chunks"].as_u64().unwrap())
+            .collect();
+        println!("chunks copied per server: {copied:?}");
+        status["repair_backlog"]["chunks"] == 0 && status["repair_backlog"]["bytes"] == 0
+    });
+
+    // Back after its chains were rebuilt: it is not needed there, and its copies go.
+    assert!(!chunk_headers(&data_dir(&dev, 4)).is_empty());
+    dev.restart_node("chunk", 4);
+    eventually(30, "the returning server dropped its old copies", || {
+        chunk_headers(&data_dir(&dev, 4)).is_empty()
+    });
+    dev.stop();
+}
+
+#[test]
+fn a_flipped_byte_on_disk_is_found_and_repaired_by_the_scrubber() {
+    let mut dev = Dev::start_with(1, 3, &["--scrub-bytes-per-sec=268435456"]);
+    let path = dev.mnt.join("scrubbed");
+    let len = 300_000;
+    write_synced(&path, 7, len);
+    let ino = InodeId(std::fs::metadata(&path).unwrap().ino());
+    let name = ChunkId { ino, index: 0 }.to_string();
+    let header = chunk_headers(&data_dir(&dev, 1))
+        .into_iter()
+        .find(|p| p.file_stem().is_some_and(|s| s.to_string_lossy() == name))
+        .expect("chunk server 1 holds the chunk");
+    let data_file = header.with_extension("");
+    let good = std::fs::read(&data_file).unwrap();
+    let mut bad = good.clone();
+    bad[123_456] ^= 0x20;
+    std::fs::write(&data_file, &bad).unwrap();
+
+    // A reader never sees it, whichever replica it asks.
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    assert!(std::fs::read(&path).unwrap() == pattern(7, 0, len), "the reader got damaged data");
+    eventually(30, "the scrubber repaired the replica", || {
+        std::fs::read(&data_file).unwrap() == good
+    });
+    eventually(10, "status shows the damage found and repaired", || {
+        let status = dev.status();
+        let sum = |key: &str| -> u64 {
+            let servers = status["chunk"].as_array().unwrap();
+            servers.iter().map(|c| c["repair"][key].as_u64().unwrap()).sum()
+        };
+        sum("corrupt_found") >= 1 && sum("corrupt_repaired") >= 1
+    });
+    dev.stop();
+}
