@@ -31,11 +31,16 @@ pub enum Table {
     Garbage,
     /// Inode number -> nothing: files with no links left that a client still has open.
     Orphans,
+    /// Session id ++ inode number -> nothing: the files each session has open.
+    Opens,
+    /// Inode number ++ session id -> nothing: the same rows by inode, to find whether
+    /// anyone still has a file open.
+    Openers,
 }
 
 impl Table {
     /// Every table, so that stores can create them all and snapshots can dump them all.
-    pub const ALL: [Table; 12] = [
+    pub const ALL: [Table; 14] = [
         Table::Inodes,
         Table::Dentries,
         Table::Symlinks,
@@ -48,6 +53,8 @@ impl Table {
         Table::Chains,
         Table::Garbage,
         Table::Orphans,
+        Table::Opens,
+        Table::Openers,
     ];
 
     /// The table's stable name in a store and in snapshots. Never rename one: stores and
@@ -66,6 +73,8 @@ impl Table {
             Table::Chains => "chains",
             Table::Garbage => "garbage",
             Table::Orphans => "orphans",
+            Table::Opens => "opens",
+            Table::Openers => "openers",
         }
     }
 }

@@ -157,6 +157,33 @@ pub enum MetaOp {
         chunk: ChunkId,
         detail: String,
     },
+    /// Keeps the caller's session alive; sent every third of the lease. Answered with
+    /// `Done`, or `SessionExpired` once meta has expired the session.
+    RenewSession,
+    /// The caller's session opened `ino`: while any session has it open, an unlinked or
+    /// replaced file is kept as an orphan instead of being deleted.
+    Open {
+        ino: InodeId,
+    },
+    /// The caller's session closed its last handle of `ino`. An orphan nobody has open
+    /// any more is deleted.
+    Release {
+        ino: InodeId,
+    },
+    /// Asks the leader for its commit index, confirmed by a quorum (Raft ReadIndex).
+    /// Answered with [`MetaResponse::ReadIndex`]; a follower serves a linearizable read
+    /// locally once it has applied that index.
+    ReadIndex,
+    /// Adds a meta replica: it joins as a learner, catches up (by snapshot if the log was
+    /// compacted), then becomes a voter.
+    AddReplica {
+        id: NodeId,
+        addr: SocketAddr,
+    },
+    /// Removes a meta replica from the voters and learners.
+    RemoveReplica {
+        id: NodeId,
+    },
 }
 
 impl MetaOp {
@@ -175,6 +202,10 @@ impl MetaOp {
                 | MetaOp::Status
                 | MetaOp::ChunkHeartbeat { .. }
                 | MetaOp::ReportCorrupt { .. }
+                | MetaOp::RenewSession
+                | MetaOp::ReadIndex
+                | MetaOp::AddReplica { .. }
+                | MetaOp::RemoveReplica { .. }
         )
     }
 }
@@ -203,6 +234,8 @@ pub enum MetaResponse {
     Status(ClusterStatus),
     Registered { node: NodeId, cluster: ClusterId },
     Heartbeat { table: Option<ChainTable> },
+    /// The leader's read index: the log index a linearizable read must wait for.
+    ReadIndex { index: u64 },
 }
 
 /// One meta replica as the cluster sees it.
