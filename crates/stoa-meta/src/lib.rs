@@ -130,6 +130,11 @@ pub fn end_session(kv: &mut impl KvWrite, session: SessionId) -> Result<MetaResp
     atomic(kv, |kv| ops::session::end(kv, session))
 }
 
+/// Whether `session` is open.
+pub fn session_is_open(kv: &impl KvRead, session: SessionId) -> Result<bool, FsError> {
+    ops::session::is_open(kv, session)
+}
+
 /// Every open session, for the leader's lease keeping.
 pub fn sessions(kv: &impl KvRead) -> Result<Vec<SessionId>, FsError> {
     ops::session::list(kv)
