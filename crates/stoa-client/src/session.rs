@@ -42,13 +42,18 @@ impl Session {
         }
         let meta = MetaClient::new(pool, meta, META_DEADLINE);
         let grant = open_grant(&meta, &name).await?;
-        Ok(Session {
+        let session = Session {
             meta,
             name,
             grant: RwLock::new(grant),
             next_req: AtomicU64::new(1),
             reopening: tokio::sync::Mutex::new(()),
-        })
+        };
+        // A first renewal tells where the leader is, so mutations skip a hop from now on.
+        if let Err(e) = session.renew().await {
+            tracing::debug!("first session renewal failed: {e}");
+        }
+        Ok(session)
     }
 
     pub fn grant(&self) -> SessionGrant {
@@ -89,6 +94,10 @@ impl Session {
     pub async fn renew(&self) -> Result<(), FsError> {
         let session = self.id();
         match self.call_in(session, MetaOp::RenewSession).await {
+            Ok(MetaResponse::Renewed { leader: Some(leader) }) => {
+                self.meta.set_leader(leader);
+                Ok(())
+            }
             Err(FsError::SessionExpired) => self.replace(session).await,
             other => other.map(|_| ()),
         }

@@ -119,7 +119,7 @@ impl Node {
             }
         }
         self.leases.renew(session);
-        Ok(MetaResponse::Done)
+        Ok(MetaResponse::Renewed { leader: self.raft.view().leader_addr })
     }
 
     async fn read(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {

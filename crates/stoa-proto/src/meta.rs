@@ -158,7 +158,7 @@ pub enum MetaOp {
         detail: String,
     },
     /// Keeps the caller's session alive; sent every third of the lease. Answered with
-    /// `Done`, or `SessionExpired` once meta has expired the session.
+    /// [`MetaResponse::Renewed`], or `SessionExpired` once meta has expired the session.
     RenewSession,
     /// The caller's session opened `ino`: while any session has it open, an unlinked or
     /// replaced file is kept as an orphan instead of being deleted.
@@ -236,6 +236,9 @@ pub enum MetaResponse {
     Heartbeat { table: Option<ChainTable> },
     /// The leader's read index: the log index a linearizable read must wait for.
     ReadIndex { index: u64 },
+    /// The session was renewed by the leader at `leader`, where a client may send its
+    /// mutations directly.
+    Renewed { leader: Option<SocketAddr> },
 }
 
 /// One meta replica as the cluster sees it.

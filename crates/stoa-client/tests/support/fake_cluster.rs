@@ -218,7 +218,7 @@ impl Handler {
                 a.size = a.size.max(size);
                 MetaResponse::Attr(a.clone())
             }
-            MetaOp::RenewSession => MetaResponse::Done,
+            MetaOp::RenewSession => MetaResponse::Renewed { leader: None },
             MetaOp::Open { ino } => {
                 st.attrs.get(&ino.0).ok_or(FsError::NotFound)?;
                 st.opens.insert(ino.0);
