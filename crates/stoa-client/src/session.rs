@@ -163,7 +163,8 @@ async fn open_grant(meta: &MetaClient, name: &str) -> Result<SessionGrant, FsErr
 /// reference lets the client go away without stopping this task first.
 pub(crate) fn spawn_renewal(session: &Arc<Session>) -> tokio::task::JoinHandle<()> {
     let weak: Weak<Session> = Arc::downgrade(session);
-    let period = Duration::from_millis(session.grant().lease_ms / 3).max(Duration::from_millis(100));
+    let period =
+        Duration::from_millis(session.grant().lease_ms / 3).max(Duration::from_millis(100));
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

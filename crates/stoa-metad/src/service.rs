@@ -94,7 +94,9 @@ impl Node {
         }
         match req.op {
             MetaOp::RenewSession => self.renew(req.session).await,
-            MetaOp::ReadIndex => Ok(MetaResponse::ReadIndex { index: self.raft.read_index().await? }),
+            MetaOp::ReadIndex => {
+                Ok(MetaResponse::ReadIndex { index: self.raft.read_index().await? })
+            }
             MetaOp::AddReplica { id, addr } => {
                 tracing::info!("adding meta replica {id} at {addr}");
                 self.raft.add_replica(id, addr).await.map(|()| MetaResponse::Done)
@@ -145,10 +147,13 @@ impl Node {
     /// state machine. Read load thus spreads over every replica; the leader only
     /// answers one small call.
     async fn follower_read(&self, view: &RaftView, op: MetaOp) -> Result<MetaResponse, FsError> {
-        let ask = MetaRequest { session: SessionId(0), req_id: RequestId(0), op: MetaOp::ReadIndex };
+        let ask =
+            MetaRequest { session: SessionId(0), req_id: RequestId(0), op: MetaOp::ReadIndex };
         let index = match self.forward_with(view, ask, READ_INDEX_TIMEOUT).await? {
             MetaResponse::ReadIndex { index } => index,
-            other => return Err(FsError::Protocol(format!("leader answered ReadIndex with {other:?}"))),
+            other => {
+                return Err(FsError::Protocol(format!("leader answered ReadIndex with {other:?}")))
+            }
         };
         self.raft.wait_applied(index, READ_INDEX_TIMEOUT).await?;
         self.raft.read(move |kv| stoa_meta::read(kv, &op)).await

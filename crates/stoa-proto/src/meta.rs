@@ -227,18 +227,30 @@ pub enum MetaResponse {
     Session(SessionGrant),
     Attr(Attr),
     Data(Vec<u8>),
-    Entries { entries: Vec<DirEntry>, more: bool },
+    Entries {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     Names(Vec<Vec<u8>>),
     StatFs(StatFs),
     ChainTable(ChainTable),
     Status(ClusterStatus),
-    Registered { node: NodeId, cluster: ClusterId },
-    Heartbeat { table: Option<ChainTable> },
+    Registered {
+        node: NodeId,
+        cluster: ClusterId,
+    },
+    Heartbeat {
+        table: Option<ChainTable>,
+    },
     /// The leader's read index: the log index a linearizable read must wait for.
-    ReadIndex { index: u64 },
+    ReadIndex {
+        index: u64,
+    },
     /// The session was renewed by the leader at `leader`, where a client may send its
     /// mutations directly.
-    Renewed { leader: Option<SocketAddr> },
+    Renewed {
+        leader: Option<SocketAddr>,
+    },
 }
 
 /// One meta replica as the cluster sees it.

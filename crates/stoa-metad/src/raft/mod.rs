@@ -270,7 +270,9 @@ impl MetaRaft {
             .applied_index_at_least(Some(index), "read index")
             .await
             .map(|_| ())
-            .map_err(|e| FsError::Unavailable(format!("replica has not applied index {index}: {e}")))
+            .map_err(|e| {
+                FsError::Unavailable(format!("replica has not applied index {index}: {e}"))
+            })
     }
 
     /// Adds replica `id` at `addr` as a learner, waits until it has caught up (from the

@@ -18,11 +18,8 @@ impl Cluster {
         let id = NodeId(i as u64 + 1);
         self.dirs.push(tempfile::tempdir().unwrap());
         self.addrs.push(free_addrs(1)[0]);
-        let cfg = MetaConfig {
-            peers: vec![(id, self.addrs[i])],
-            bootstrap: false,
-            ..self.config(i)
-        };
+        let cfg =
+            MetaConfig { peers: vec![(id, self.addrs[i])], bootstrap: false, ..self.config(i) };
         self.servers.push(Some(Server::start(cfg, self.tuning.clone()).await.unwrap()));
         (i, id)
     }

@@ -76,9 +76,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             let op = MetaOp::AddReplica { id: valid_id(id)?, addr };
             (op, target, format!("meta replica {id} at {addr} added"))
         }
-        MetaVerb::Remove { id, target } => {
-            (MetaOp::RemoveReplica { id: valid_id(id)? }, target, format!("meta replica {id} removed"))
-        }
+        MetaVerb::Remove { id, target } => (
+            MetaOp::RemoveReplica { id: valid_id(id)? },
+            target,
+            format!("meta replica {id} removed"),
+        ),
     };
     let addrs = super::meta_addrs(target.meta.as_deref(), target.dir.as_deref())?;
     let rt = crate::signal::runtime()?;
@@ -105,7 +107,8 @@ async fn change(addrs: Vec<SocketAddr>, op: MetaOp) -> anyhow::Result<()> {
         let err = match leader {
             None => anyhow!("the meta group has no leader"),
             Some(leader) => {
-                let req = MetaRequest { session: SessionId(0), req_id: RequestId(0), op: op.clone() };
+                let req =
+                    MetaRequest { session: SessionId(0), req_id: RequestId(0), op: op.clone() };
                 match client.call_one(leader.addr, req, CHANGE_TIMEOUT).await {
                     Ok(MetaResponse::Done) => return Ok(()),
                     Ok(other) => bail!("meta answered {other:?}"),
