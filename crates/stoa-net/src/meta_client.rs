@@ -135,7 +135,7 @@ impl MetaClient {
                 }
                 *failed_in_a_row += 1;
                 // Sleep only after every replica failed once in a row.
-                *failed_in_a_row % self.addrs.len() == 0
+                failed_in_a_row.is_multiple_of(self.addrs.len())
             }
         }
     }

@@ -37,7 +37,7 @@ fn spawn_worker(dir: PathBuf, stop: Arc<AtomicBool>) -> JoinHandle<Worked> {
             done(&mut ops);
             std::fs::metadata(&path).unwrap_or_else(|e| panic!("stat {path:?}: {e}"));
             done(&mut ops);
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 std::fs::remove_file(&path).unwrap_or_else(|e| panic!("unlink {path:?}: {e}"));
                 done(&mut ops);
             }
