@@ -4,14 +4,14 @@ use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::file::FileState;
 use crate::readahead::Readahead;
-use crate::session::Session;
+use crate::session::{spawn_renewal, Session};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_net::Pool;
 use stoa_proto::MetaOp;
-use stoa_types::{Attr, FsError, InodeId};
+use stoa_types::{Attr, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
 
 /// Where the cluster is and what this client calls itself.
@@ -50,11 +50,22 @@ pub(crate) struct Shared {
     next_handle: AtomicU64,
     /// `(inode, lock owner)` pairs that may hold cluster-wide locks.
     pub locked: Mutex<HashSet<(InodeId, u64)>>,
+    /// The task that renews the session lease; stopped on close and on drop.
+    renewal: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop_renewal();
+    }
 }
 
 struct OpenHandle {
     file: Arc<FileState>,
     readahead: Mutex<Readahead>,
+    /// The session the handle was opened in. Meta released the handle's open when that
+    /// session expired, so the handle answers `EIO` once the client is in another.
+    session: SessionId,
 }
 
 impl Client {
@@ -63,7 +74,7 @@ impl Client {
         let pool = Pool::new();
         let session = Arc::new(Session::open(pool.clone(), cfg.meta, cfg.name).await?);
         let chains = ChainCache::load(&session).await?;
-        let grant = session.grant().clone();
+        let grant = session.grant();
         tracing::info!(
             "session {} with cluster {} (chunk size {} bytes)",
             grant.session,
@@ -72,7 +83,6 @@ impl Client {
         );
         let sh = Shared {
             io: ChunkIo::new(pool, session.clone(), chains),
-            session,
             chunk_size: grant.chunk_size_bytes,
             pending_bytes: AtomicUsize::new(0),
             pending_changed: Notify::new(),
@@ -81,12 +91,14 @@ impl Client {
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             locked: Mutex::new(HashSet::new()),
+            renewal: Mutex::new(Some(spawn_renewal(&session))),
+            session,
         };
         Ok(Client { sh: Arc::new(sh) })
     }
 
-    /// The session meta granted.
-    pub fn session(&self) -> &stoa_proto::SessionGrant {
+    /// The session meta granted; a new one after meta expired the previous one.
+    pub fn session(&self) -> stoa_proto::SessionGrant {
         self.sh.session.grant()
     }
 
@@ -95,33 +107,77 @@ impl Client {
         self.sh.chunk_size
     }
 
-    /// Opens inode `ino` for I/O.
-    pub fn open(&self, ino: InodeId) -> FileHandle {
+    /// Opens inode `ino` for I/O. Meta is told of the first handle of a file, so that
+    /// the file outlives an unlink or a rename over it, by anyone, until released.
+    pub async fn open(&self, ino: InodeId) -> Result<FileHandle, FsError> {
         let file = self.sh.file(ino);
-        file.lock().opens += 1;
+        let opened = self.register_open(&file).await;
+        let session = match opened {
+            Ok(session) => session,
+            Err(e) => {
+                self.sh.forget_if_unused(ino);
+                return Err(e);
+            }
+        };
         let fh = self.sh.next_handle.fetch_add(1, Ordering::Relaxed);
-        let handle = OpenHandle { file, readahead: Mutex::new(Readahead::default()) };
+        let handle = OpenHandle { file, readahead: Mutex::new(Readahead::default()), session };
         self.sh.handles.lock().expect("handles lock poisoned").insert(fh, Arc::new(handle));
-        FileHandle(fh)
+        Ok(FileHandle(fh))
     }
 
-    /// Closes a handle: flushes its file and reports the first write error. When the last
-    /// handle of a file this client unlinked closes, the orphaned inode is purged.
+    /// Counts one more handle of `file`, telling meta if it is the first in the current
+    /// session. Returns that session.
+    async fn register_open(&self, file: &FileState) -> Result<SessionId, FsError> {
+        let mut meta_open = file.meta_open.lock().await;
+        let current = self.sh.session.id();
+        match &mut *meta_open {
+            Some((session, handles)) if *session == current => *handles += 1,
+            _ => {
+                self.sh.session.call_done(MetaOp::Open { ino: file.ino }).await?;
+                // The call may have moved to a new session if meta expired the old one.
+                *meta_open = Some((self.sh.session.id(), 1));
+            }
+        }
+        file.lock().opens += 1;
+        Ok(meta_open.expect("just registered").0)
+    }
+
+    /// Closes a handle: flushes its file and reports the first write error. The last
+    /// handle of a file tells meta, which deletes the file if it has no names left and
+    /// nobody else has it open. A handle of an expired session answers `EIO`.
     pub async fn release(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handles.lock().expect("handles lock poisoned").remove(&fh.0);
         let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
         let file = handle.file.clone();
         let flushed = file.flush(&self.sh).await;
-        let purge = {
-            let mut inner = file.lock();
-            inner.opens -= 1;
-            inner.opens == 0 && inner.orphan
-        };
-        if purge {
-            self.purge_orphan(file.ino).await;
+        {
+            let mut meta_open = file.meta_open.lock().await;
+            file.lock().opens -= 1;
+            if let Some((session, handles)) = &mut *meta_open {
+                if *session == handle.session {
+                    *handles -= 1;
+                    if *handles == 0 {
+                        let session = *session;
+                        *meta_open = None;
+                        self.release_in_meta(session, file.ino).await;
+                    }
+                }
+            }
         }
         self.sh.forget_if_unused(file.ino);
+        if handle.session != self.sh.session.id() {
+            return Err(expired_handle());
+        }
         flushed
+    }
+
+    /// Tells meta that `session` closed `ino`. A failure is logged, not returned: the
+    /// application's close succeeded, and meta releases the file when the session ends.
+    async fn release_in_meta(&self, session: SessionId, ino: InodeId) {
+        match self.sh.session.call_in(session, MetaOp::Release { ino }).await {
+            Ok(_) | Err(FsError::SessionExpired) => {}
+            Err(e) => tracing::warn!("releasing inode {ino} at meta failed: {e}"),
+        }
     }
 
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
@@ -168,27 +224,17 @@ impl Client {
         first
     }
 
-    /// Flushes everything and ends the session.
+    /// Flushes everything and ends the session, which releases every file it has open.
     pub async fn close(&self) -> Result<(), FsError> {
         let flushed = self.flush_all().await;
-        self.sh.session.call_done(MetaOp::CloseSession).await?;
+        // Stop renewing first: a renewal after the close would open a new session.
+        self.sh.stop_renewal();
+        let session = self.sh.session.id();
+        match self.sh.session.call_in(session, MetaOp::CloseSession).await {
+            Ok(_) | Err(FsError::SessionExpired) => {}
+            Err(e) => return Err(e),
+        }
         flushed
-    }
-
-    /// Deletes an orphan once this client's last handle closed, unless a link came back.
-    async fn purge_orphan(&self, ino: InodeId) {
-        match self.sh.session.call_attr(MetaOp::GetAttr { ino }).await {
-            Ok(attr) if attr.nlink > 0 => return,
-            Ok(_) | Err(FsError::NotFound) => {}
-            Err(e) => {
-                tracing::warn!("checking orphan inode {ino} failed: {e}; leaving it to meta");
-                return;
-            }
-        }
-        match self.sh.session.call_done(MetaOp::Purge { ino }).await {
-            Ok(()) | Err(FsError::NotFound) => {}
-            Err(e) => tracing::warn!("purging orphan inode {ino} failed: {e}"),
-        }
     }
 
     /// Corrects attributes from meta with what this client knows better: the size of a
@@ -216,10 +262,6 @@ impl Shared {
         self.files.lock().expect("files lock poisoned").get(&ino).cloned()
     }
 
-    pub fn has_open_files(&self) -> bool {
-        !self.files.lock().expect("files lock poisoned").is_empty()
-    }
-
     /// Drops the state of `ino` once no handle uses it and nothing is in flight.
     pub fn forget_if_unused(&self, ino: InodeId) {
         let mut files = self.files.lock().expect("files lock poisoned");
@@ -232,11 +274,28 @@ impl Shared {
         }
     }
 
+    /// The open handle `fh`; `EIO` if it belongs to a session meta expired.
     fn handle(&self, fh: FileHandle) -> Result<Arc<OpenHandle>, FsError> {
-        let handles = self.handles.lock().expect("handles lock poisoned");
-        handles
-            .get(&fh.0)
-            .cloned()
-            .ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))
+        let handle = {
+            let handles = self.handles.lock().expect("handles lock poisoned");
+            handles
+                .get(&fh.0)
+                .cloned()
+                .ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?
+        };
+        if handle.session != self.session.id() {
+            return Err(expired_handle());
+        }
+        Ok(handle)
     }
+
+    fn stop_renewal(&self) {
+        if let Some(task) = self.renewal.lock().expect("renewal lock poisoned").take() {
+            task.abort();
+        }
+    }
+}
+
+fn expired_handle() -> FsError {
+    FsError::Io("the meta session this file was opened in expired; reopen the file".into())
 }

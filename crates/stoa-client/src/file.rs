@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use stoa_proto::{MetaOp, MetaResponse};
-use stoa_types::{Attr, ChunkId, FsError, InodeId, SetAttr};
+use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr};
 use tokio::sync::Notify;
 
 /// Chunk writes one file may have queued or in flight before its writer waits.
@@ -40,6 +40,10 @@ pub(crate) struct FileState {
     /// Reads and writes share it; truncate takes it alone, so no write lands between
     /// flushing and cutting the chunks.
     pub io_lock: tokio::sync::RwLock<()>,
+    /// The session meta knows this client has the file open in, and how many handles
+    /// are open in it. Meta hears only of the first open and the last release, and the
+    /// lock is held across those calls so that an open and a release never cross.
+    pub meta_open: tokio::sync::Mutex<Option<(SessionId, u32)>>,
 }
 
 pub(crate) struct FileInner {
@@ -60,8 +64,6 @@ pub(crate) struct FileInner {
     pub meta_size: Option<u64>,
     pub prefetched: BTreeMap<u64, Arc<Prefetch>>,
     pub opens: u32,
-    /// This client unlinked the file while it had it open.
-    pub orphan: bool,
 }
 
 impl FileInner {
@@ -97,10 +99,10 @@ impl FileState {
                 meta_size: None,
                 prefetched: BTreeMap::new(),
                 opens: 0,
-                orphan: false,
             }),
             changed: Notify::new(),
             io_lock: tokio::sync::RwLock::new(()),
+            meta_open: tokio::sync::Mutex::new(None),
         }
     }
 

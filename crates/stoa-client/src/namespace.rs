@@ -115,31 +115,11 @@ impl Client {
         }
     }
 
-    /// Removes a name. If it named a file this client has open, meta keeps the inode as
-    /// an orphan, and the last close here purges it.
+    /// Removes a name. Meta knows who has the file open (every client tells it), so a
+    /// file someone still has open stays as an orphan until its last release anywhere.
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
-        let open_file = self.open_file_named(parent, name).await;
-        let op = MetaOp::Unlink { parent, name: name.to_vec(), open: open_file.is_some() };
-        self.sh.session.call_done(op).await?;
-        if let Some(file) = open_file {
-            file.lock().orphan = true;
-        }
-        Ok(())
-    }
-
-    /// The state of the file `parent/name` if this client has it open.
-    async fn open_file_named(
-        &self,
-        parent: InodeId,
-        name: &[u8],
-    ) -> Option<std::sync::Arc<crate::file::FileState>> {
-        // Nothing open: spare the lookup.
-        if !self.sh.has_open_files() {
-            return None;
-        }
-        let op = MetaOp::Lookup { parent, name: name.to_vec() };
-        let attr = self.sh.session.call_attr(op).await.ok()?;
-        self.sh.open_file(attr.ino).filter(|f| f.lock().opens > 0)
+        let op = MetaOp::Unlink { parent, name: name.to_vec(), open: false };
+        self.sh.session.call_done(op).await
     }
 
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {

@@ -4,8 +4,14 @@
 //! `MetaClient` retries a call (after a lost reply, or on another replica) with the same
 //! request, so meta recognises the id and answers with the first result instead of
 //! applying the mutation twice. Reads carry request id 0.
+//!
+//! The session lives as long as it is renewed: [`spawn_renewal`] renews it every third of
+//! its lease. If meta expired it anyway (the client was cut off for a whole lease), meta
+//! has released everything it held; the client opens a new session and carries on, and
+//! handles opened under the old one answer `EIO` (see `Client`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 use stoa_net::{MetaClient, Pool};
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant};
@@ -16,8 +22,12 @@ const META_DEADLINE: Duration = Duration::from_secs(30);
 
 pub(crate) struct Session {
     meta: MetaClient,
-    grant: SessionGrant,
+    name: String,
+    grant: RwLock<SessionGrant>,
     next_req: AtomicU64,
+    /// Held while a replacement for an expired session is being opened, so that many
+    /// calls that see the expiry at once open one new session, not many.
+    reopening: tokio::sync::Mutex<()>,
 }
 
 impl Session {
@@ -31,35 +41,89 @@ impl Session {
             return Err(FsError::Invalid("no meta address given".into()));
         }
         let meta = MetaClient::new(pool, meta, META_DEADLINE);
-        let req = MetaRequest {
-            session: SessionId(0),
-            // A session's first request id; the open itself is not deduplicated.
-            req_id: RequestId(0),
-            op: MetaOp::OpenSession { client: name },
+        let grant = open_grant(&meta, &name).await?;
+        let session = Session {
+            meta,
+            name,
+            grant: RwLock::new(grant),
+            next_req: AtomicU64::new(1),
+            reopening: tokio::sync::Mutex::new(()),
         };
-        let grant = match meta.call(req).await.map_err(final_error)? {
-            MetaResponse::Session(grant) => grant,
-            other => return Err(unexpected("OpenSession", &other)),
-        };
-        if grant.chunk_size_bytes == 0 {
-            return Err(FsError::Protocol("meta granted a zero chunk size".into()));
+        // A first renewal tells where the leader is, so mutations skip a hop from now on.
+        if let Err(e) = session.renew().await {
+            tracing::debug!("first session renewal failed: {e}");
         }
-        Ok(Session { meta, grant, next_req: AtomicU64::new(1) })
+        Ok(session)
     }
 
-    pub fn grant(&self) -> &SessionGrant {
-        &self.grant
+    pub fn grant(&self) -> SessionGrant {
+        self.grant.read().expect("grant lock poisoned").clone()
     }
 
-    /// Calls meta with `op`, giving it a new request id if it is a mutation.
+    /// The session in use now; it changes when meta expired the previous one.
+    pub fn id(&self) -> SessionId {
+        self.grant.read().expect("grant lock poisoned").session
+    }
+
+    /// Calls meta with `op`, giving it a new request id if it is a mutation. If meta
+    /// expired the session, a new one is opened and the call made again in it.
     pub async fn call(&self, op: MetaOp) -> Result<MetaResponse, FsError> {
+        let session = self.id();
+        match self.call_in(session, op.clone()).await {
+            Err(FsError::SessionExpired) => {
+                self.replace(session).await?;
+                self.call_in(self.id(), op).await
+            }
+            other => other,
+        }
+    }
+
+    /// Calls meta with `op` in `session` exactly, without opening a new session when it
+    /// expired: for what belongs to that session (releasing its open files).
+    pub async fn call_in(&self, session: SessionId, op: MetaOp) -> Result<MetaResponse, FsError> {
         let req_id = if op.is_mutation() {
             RequestId(self.next_req.fetch_add(1, Ordering::Relaxed))
         } else {
             RequestId(0)
         };
-        let req = MetaRequest { session: self.grant.session, req_id, op };
+        let req = MetaRequest { session, req_id, op };
         self.meta.call(req).await.map_err(final_error)
+    }
+
+    /// Renews the lease; opens a new session if meta already expired this one.
+    pub async fn renew(&self) -> Result<(), FsError> {
+        let session = self.id();
+        match self.call_in(session, MetaOp::RenewSession).await {
+            Ok(MetaResponse::Renewed { leader: Some(leader) }) => {
+                self.meta.set_leader(leader);
+                Ok(())
+            }
+            Err(FsError::SessionExpired) => self.replace(session).await,
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// Opens a new session in place of `expired`, unless another caller already did.
+    async fn replace(&self, expired: SessionId) -> Result<(), FsError> {
+        let _one_at_a_time = self.reopening.lock().await;
+        if self.id() != expired {
+            return Ok(());
+        }
+        let grant = open_grant(&self.meta, &self.name).await?;
+        let old = self.grant();
+        if grant.cluster != old.cluster || grant.chunk_size_bytes != old.chunk_size_bytes {
+            return Err(FsError::WrongCluster {
+                expected: old.cluster.to_string(),
+                got: grant.cluster.to_string(),
+            });
+        }
+        tracing::warn!(
+            "meta expired session {expired} (no renewal for a whole lease); continuing in \
+             session {}: files opened before answer EIO",
+            grant.session
+        );
+        *self.grant.write().expect("grant lock poisoned") = grant;
+        Ok(())
     }
 
     /// Calls meta with an operation that answers with attributes.
@@ -75,6 +139,44 @@ impl Session {
     pub async fn call_done(&self, op: MetaOp) -> Result<(), FsError> {
         self.call(op).await.map(|_| ())
     }
+}
+
+async fn open_grant(meta: &MetaClient, name: &str) -> Result<SessionGrant, FsError> {
+    let req = MetaRequest {
+        session: SessionId(0),
+        // The open itself is not deduplicated: a retried open makes a spare session,
+        // which expires unrenewed.
+        req_id: RequestId(0),
+        op: MetaOp::OpenSession { client: name.to_string() },
+    };
+    let grant = match meta.call(req).await.map_err(final_error)? {
+        MetaResponse::Session(grant) => grant,
+        other => return Err(unexpected("OpenSession", &other)),
+    };
+    if grant.chunk_size_bytes == 0 {
+        return Err(FsError::Protocol("meta granted a zero chunk size".into()));
+    }
+    Ok(grant)
+}
+
+/// Renews `session` every third of its lease until it is dropped. Holding only a weak
+/// reference lets the client go away without stopping this task first.
+pub(crate) fn spawn_renewal(session: &Arc<Session>) -> tokio::task::JoinHandle<()> {
+    let weak: Weak<Session> = Arc::downgrade(session);
+    let period =
+        Duration::from_millis(session.grant().lease_ms / 3).max(Duration::from_millis(100));
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            let Some(session) = weak.upgrade() else { return };
+            if let Err(e) = session.renew().await {
+                tracing::warn!("renewing meta session {} failed: {e}", session.id());
+            }
+        }
+    })
 }
 
 /// A retry hint that outlived the deadline is shown to applications as an I/O error.

@@ -30,7 +30,7 @@ async fn new_file(client: &Client, name: &[u8]) -> InodeId {
 async fn written_data_reads_back_across_chunk_boundaries() {
     let (_cluster, client) = setup().await;
     let ino = new_file(&client, b"big").await;
-    let fh = client.open(ino);
+    let fh = client.open(ino).await.unwrap();
     let data = pattern(10 * CHUNK as usize + 1234, 7);
     for (i, piece) in data.chunks(40_000).enumerate() {
         client.write(fh, (i * 40_000) as u64, piece).await.unwrap();
@@ -57,7 +57,7 @@ async fn written_data_reads_back_across_chunk_boundaries() {
 async fn holes_read_as_zeros_and_reads_stop_at_the_end() {
     let (_cluster, client) = setup().await;
     let ino = new_file(&client, b"sparse").await;
-    let fh = client.open(ino);
+    let fh = client.open(ino).await.unwrap();
     let far = 3 * u64::from(CHUNK) + 10;
     client.write(fh, far, b"tail").await.unwrap();
     client.fsync(fh).await.unwrap();
@@ -72,7 +72,7 @@ async fn holes_read_as_zeros_and_reads_stop_at_the_end() {
 async fn truncate_cuts_chunk_data_then_size() {
     let (cluster, client) = setup().await;
     let ino = new_file(&client, b"cut").await;
-    let fh = client.open(ino);
+    let fh = client.open(ino).await.unwrap();
     client.write(fh, 0, &pattern(3 * CHUNK as usize, 1)).await.unwrap();
     let set = SetAttr { size: Some(u64::from(CHUNK) + 100), ..Default::default() };
     assert_eq!(client.setattr(ino, set).await.unwrap().size, u64::from(CHUNK) + 100);
@@ -93,7 +93,7 @@ async fn truncate_cuts_chunk_data_then_size() {
 async fn busy_chunk_servers_are_retried_and_fsync_syncs_written_chunks() {
     let (cluster, client) = setup().await;
     let ino = new_file(&client, b"retry").await;
-    let fh = client.open(ino);
+    let fh = client.open(ino).await.unwrap();
     cluster.busy_writes.store(3, Ordering::SeqCst);
     client.write(fh, 0, b"hello").await.unwrap();
     client.fsync(fh).await.unwrap();
@@ -106,7 +106,7 @@ async fn busy_chunk_servers_are_retried_and_fsync_syncs_written_chunks() {
 async fn an_unlinked_open_file_is_purged_on_last_close() {
     let (cluster, client) = setup().await;
     let ino = new_file(&client, b"orphan").await;
-    let fh = client.open(ino);
+    let fh = client.open(ino).await.unwrap();
     client.write(fh, 0, b"still here").await.unwrap();
     client.unlink(InodeId::ROOT, b"orphan").await.unwrap();
     assert_eq!(client.read(fh, 0, 100).await.unwrap(), b"still here");
@@ -118,14 +118,39 @@ async fn an_unlinked_open_file_is_purged_on_last_close() {
 async fn sequential_reads_are_served_by_readahead() {
     let (_cluster, client) = setup().await;
     let ino = new_file(&client, b"stream").await;
-    let fh = client.open(ino);
+    let fh = client.open(ino).await.unwrap();
     let data = pattern(6 * CHUNK as usize, 3);
     client.write(fh, 0, &data).await.unwrap();
     client.release(fh).await.unwrap();
-    let fh = client.open(ino);
+    let fh = client.open(ino).await.unwrap();
     let mut back = Vec::new();
     for offset in (0..data.len()).step_by(16 * 1024) {
         back.extend(client.read(fh, offset as u64, 16 * 1024).await.unwrap());
     }
     assert!(back == data, "data differs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_meta_expires_the_session_old_handles_fail_and_new_work_goes_on() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"f").await;
+    let old = client.open(ino).await.unwrap();
+    client.write(old, 0, b"before").await.unwrap();
+    client.flush(old).await.unwrap();
+    let first = client.session().session;
+    cluster.state.lock().unwrap().expired.insert(first.0);
+    // The next meta call finds the session expired, opens a new one and succeeds.
+    let other = new_file(&client, b"g").await;
+    assert_ne!(client.session().session, first);
+    let err = client.read(old, 0, 6).await.unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err:?}");
+    assert_eq!(client.write(old, 0, b"x").await.unwrap_err().errno(), libc::EIO);
+    assert_eq!(client.release(old).await.unwrap_err().errno(), libc::EIO);
+    // Files opened now work, the old one too.
+    for ino in [ino, other] {
+        let fh = client.open(ino).await.unwrap();
+        client.write(fh, 0, b"after").await.unwrap();
+        assert_eq!(client.read(fh, 0, 5).await.unwrap(), b"after");
+        client.release(fh).await.unwrap();
+    }
 }

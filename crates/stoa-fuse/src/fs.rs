@@ -297,8 +297,12 @@ impl Filesystem for StoaFs {
     fn open(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // No FOPEN_KEEP_CACHE: the kernel drops its cached pages of the file on every
         // open, which gives close-to-open coherence with other clients.
-        let handle = self.client.open(ino(i));
-        reply.opened(FileHandle(handle.0), FopenFlags::empty());
+        self.spawn(move |c| async move {
+            match c.open(ino(i)).await {
+                Ok(handle) => reply.opened(FileHandle(handle.0), FopenFlags::empty()),
+                Err(e) => reply.error(fail("open", &e)),
+            }
+        });
     }
 
     fn read(
@@ -589,11 +593,13 @@ impl Filesystem for StoaFs {
         let (name, owner) = (bytes(name), owner(req));
         self.spawn(|c| async move {
             match c.create(ino(parent), &name, kind, perm(mode, umask), owner, 0).await {
-                Ok(attr) => {
-                    let handle = c.open(attr.ino);
-                    let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
-                    reply.created(&TTL, &fa, Generation(0), h, FopenFlags::empty());
-                }
+                Ok(attr) => match c.open(attr.ino).await {
+                    Ok(handle) => {
+                        let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
+                        reply.created(&TTL, &fa, Generation(0), h, FopenFlags::empty());
+                    }
+                    Err(e) => reply.error(fail("create", &e)),
+                },
                 Err(e) => reply.error(fail("create", &e)),
             }
         });

@@ -35,11 +35,16 @@ pub enum Table {
     Locks,
     /// Session ++ inode -> nothing: where a session holds locks.
     SessionLocks,
+    /// Session id ++ inode number -> nothing: the files each session has open.
+    Opens,
+    /// Inode number ++ session id -> nothing: the same rows by inode, to find whether
+    /// anyone still has a file open.
+    Openers,
 }
 
 impl Table {
     /// Every table, so that stores can create them all and snapshots can dump them all.
-    pub const ALL: [Table; 14] = [
+    pub const ALL: [Table; 16] = [
         Table::Inodes,
         Table::Dentries,
         Table::Symlinks,
@@ -54,6 +59,8 @@ impl Table {
         Table::Orphans,
         Table::Locks,
         Table::SessionLocks,
+        Table::Opens,
+        Table::Openers,
     ];
 
     /// The table's stable name in a store and in snapshots. Never rename one: stores and
@@ -74,6 +81,8 @@ impl Table {
             Table::Orphans => "orphans",
             Table::Locks => "locks",
             Table::SessionLocks => "session_locks",
+            Table::Opens => "opens",
+            Table::Openers => "openers",
         }
     }
 }

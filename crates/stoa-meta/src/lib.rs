@@ -43,7 +43,7 @@ pub use store::{ChunkServerRecord, ClusterInfo, FORMAT_VERSION};
 
 use serde::{Deserialize, Serialize};
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse};
-use stoa_types::{ChainId, ChainTable, ClusterId, FsError, InodeId, NodeId, Timestamp};
+use stoa_types::{ChainId, ChainTable, ClusterId, FsError, InodeId, NodeId, SessionId, Timestamp};
 
 /// One entry of the replicated log.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -61,6 +61,9 @@ pub enum Command {
     /// A chain has been short of replicas for longer than the rebuild delay: add `node`
     /// (live, not in the chain) as a syncing member, which copies the chain's chunks.
     RebuildChain { chain: ChainId, node: NodeId },
+    /// The leader saw no renewal of `session` for a whole lease: end it and release
+    /// everything it held, as if it had closed.
+    ExpireSession { session: SessionId },
 }
 
 /// Applies one committed command and returns its answer. An `Err` is an answer too
@@ -79,6 +82,7 @@ pub fn apply(kv: &mut impl KvWrite, cmd: &Command) -> Result<MetaResponse, FsErr
         Command::RebuildChain { chain, node } => {
             atomic(kv, |kv| ops::chains::rebuild(kv, *chain, *node))
         }
+        Command::ExpireSession { session } => end_session(kv, *session),
     }
 }
 
@@ -105,7 +109,7 @@ fn apply_client(
         MetaOp::OpenSession { client } => {
             return atomic(kv, |kv| ops::session::open(kv, client, now))
         }
-        MetaOp::CloseSession => return atomic(kv, |kv| ops::session::close(kv, req.session)),
+        MetaOp::CloseSession => return end_session(kv, req.session),
         MetaOp::SetLock { lock, .. } if lock.owner.session != req.session => {
             return Err(FsError::Invalid(format!(
                 "session {} cannot change a lock of session {}",
@@ -123,11 +127,29 @@ fn apply_client(
             return answer;
         }
     }
-    let answer = atomic(kv, |kv| ops::mutate(kv, &req.op, now));
+    let answer = atomic(kv, |kv| ops::mutate(kv, req.session, &req.op, now));
     if numbered {
         ops::session::remember(kv, req.session, req.req_id, &answer)?;
     }
     answer
+}
+
+/// Ends `session` and releases everything it held (open files today; the hook where
+/// locks and capabilities will be released too). Used by a client's close and by the
+/// leader's expiry of a session that stopped renewing; ending an unknown session is a
+/// no-op, so replays and late expiries are harmless.
+pub fn end_session(kv: &mut impl KvWrite, session: SessionId) -> Result<MetaResponse, FsError> {
+    atomic(kv, |kv| ops::session::end(kv, session))
+}
+
+/// Whether `session` is open.
+pub fn session_is_open(kv: &impl KvRead, session: SessionId) -> Result<bool, FsError> {
+    ops::session::is_open(kv, session)
+}
+
+/// Every open session, for the leader's lease keeping.
+pub fn sessions(kv: &impl KvRead) -> Result<Vec<SessionId>, FsError> {
+    ops::session::list(kv)
 }
 
 /// Runs `op` over an overlay of `kv` and keeps its writes only if it succeeds.
@@ -175,7 +197,7 @@ mod tests {
     use super::*;
     use crate::mem::MemKv;
     use crate::testing::{at, create_op, Fs, ROOT};
-    use stoa_types::{FileKind, RequestId, SessionId};
+    use stoa_types::{FileKind, RequestId};
 
     #[test]
     fn nothing_is_served_before_init_and_init_happens_once() {

@@ -4,7 +4,8 @@
 //! - create the cluster (`Init`) the first time a leader finds none;
 //! - judge chunk-server liveness and propose `ChunkServerDown` / `ChunkServerUp`, and
 //!   `RebuildChain` for chains short of replicas for longer than the rebuild delay;
-//! - delete the chunks of garbage inodes and then propose `GarbageCollected`.
+//! - delete the chunks of garbage inodes and then propose `GarbageCollected`;
+//! - expire client sessions that stopped renewing (`ExpireSession`).
 
 use crate::liveness::DOWN_AFTER;
 use crate::raft::Role;
@@ -41,10 +42,12 @@ pub(crate) async fn follow_leadership(node: Arc<Node>) {
         if leading && current_term != Some(view.term) {
             tracing::info!("replica {} leads in term {}", node.id(), view.term);
             node.liveness.restart();
+            node.leases.restart();
             let mut tasks = JoinSet::new();
             tasks.spawn(create_cluster(node.clone()));
             tasks.spawn(judge_liveness(node.clone()));
             tasks.spawn(collect_garbage(node.clone()));
+            tasks.spawn(expire_sessions(node.clone()));
             running = Some((view.term, tasks));
         } else if !leading && running.is_some() {
             tracing::info!("replica {} no longer leads", node.id());
@@ -195,6 +198,33 @@ async fn rebuild_short_chains(
         // One change per round: the next round sees the new table and its loads.
         return Ok(());
     }
+    Ok(())
+}
+
+/// Ends every session that has not renewed for a whole lease. Sessions are given one
+/// full lease from this leader's election, since renewals sent to earlier leaders were
+/// not replicated.
+async fn expire_sessions(node: Arc<Node>) {
+    let lease = node.raft.session_lease();
+    tokio::time::sleep(lease).await;
+    let mut ticker = tokio::time::interval((lease / 8).max(Duration::from_millis(100)));
+    loop {
+        ticker.tick().await;
+        if let Err(e) = expire_once(&node, lease).await {
+            tracing::debug!("session expiry round failed: {e}");
+        }
+    }
+}
+
+async fn expire_once(node: &Node, lease: Duration) -> Result<(), FsError> {
+    let sessions = node.raft.read(stoa_meta::sessions).await?;
+    for &session in &sessions {
+        if !node.leases.is_live(session, lease) {
+            tracing::info!("session {session} did not renew for {lease:?}: expiring it");
+            node.raft.propose(Command::ExpireSession { session }).await?;
+        }
+    }
+    node.leases.retain(&sessions);
     Ok(())
 }
 

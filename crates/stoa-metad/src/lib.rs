@@ -12,13 +12,15 @@
 //! ```
 //!
 //! Every replica accepts every request: mutations become Raft log entries on the leader
-//! (a follower forwards them), reads are answered by the leader after a Raft ReadIndex,
-//! and the leader alone judges chunk-server liveness and collects garbage. The `stoa`
+//! (a follower forwards them), reads are answered by any replica after a Raft ReadIndex
+//! (a follower asks the leader for the index, then reads its own state machine), and the
+//! leader alone judges chunk-server liveness and session leases and collects garbage. The `stoa`
 //! binary calls [`run`].
 
 mod datadir;
 mod error;
 mod leader;
+mod leases;
 mod liveness;
 mod raft;
 mod server;

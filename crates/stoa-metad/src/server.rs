@@ -90,6 +90,7 @@ impl Server {
             pool,
             cluster,
             liveness: Liveness::default(),
+            leases: crate::leases::Leases::default(),
             corrupt_reports: AtomicU64::new(0),
         });
         let service = Arc::new(Service::new(node.clone()));

@@ -4,11 +4,14 @@
 //!  request --> mutation? --leader--> propose Command::Client --> answer
 //!          |            \-follower-> forward to the leader (one hop)
 //!          +-> read -----leader--> ensure_linearizable, read txn --> answer
-//!          |            \-follower-> forward to the leader
-//!          +-> ChunkHeartbeat (leader soft state), Status, ReportCorrupt
+//!          |            \-follower-> ReadIndex from the leader, wait until applied
+//!          |                         here, read txn here --> answer
+//!          +-> ChunkHeartbeat, RenewSession (leader soft state), Status, ReportCorrupt
+//!          +-> AddReplica, RemoveReplica (leader: Raft membership change)
 //! ```
 
 use crate::datadir::ClusterIdentity;
+use crate::leases::Leases;
 use crate::liveness::{Liveness, DOWN_AFTER};
 use crate::raft::{MetaRaft, RaftView, Role};
 use crate::MetaConfig;
@@ -20,10 +23,13 @@ use std::time::Duration;
 use stoa_meta::Command;
 use stoa_net::{Handler, Pool};
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
-use stoa_types::{FsError, NodeId, StatFs, Timestamp};
+use stoa_types::{FsError, NodeId, RequestId, SessionId, StatFs, Timestamp};
 
 /// How long a forwarded request may take at the leader.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a follower asks the leader for a read index, and then waits to apply it.
+/// Short, so that a read on a replica cut off from its leader fails over quickly.
+const READ_INDEX_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Everything one running replica has; shared by the service and the leader's tasks.
 pub(crate) struct Node {
@@ -32,6 +38,7 @@ pub(crate) struct Node {
     pub pool: Pool,
     pub cluster: Arc<ClusterIdentity>,
     pub liveness: Liveness,
+    pub leases: Leases,
     pub corrupt_reports: AtomicU64,
 }
 
@@ -53,6 +60,10 @@ impl Node {
                 Ok(MetaResponse::Done)
             }
             MetaOp::ChunkHeartbeat { .. } => self.heartbeat(req).await,
+            MetaOp::RenewSession
+            | MetaOp::ReadIndex
+            | MetaOp::AddReplica { .. }
+            | MetaOp::RemoveReplica { .. } => self.leader_call(req).await,
             op if op.is_mutation() => self.mutate(req).await,
             _ => self.read(req).await,
         }
@@ -63,13 +74,64 @@ impl Node {
         if view.role != Role::Leader {
             return self.forward(&view, req).await;
         }
-        self.raft.propose(Command::Client { req, now: Timestamp::now() }).await
+        let session = req.session;
+        let answer = self.raft.propose(Command::Client { req, now: Timestamp::now() }).await;
+        // Any call of a session shows that its client is alive, and a new session starts
+        // its lease now rather than at this leader's election.
+        match &answer {
+            Ok(MetaResponse::Session(grant)) => self.leases.renew(grant.session),
+            _ if session.0 != 0 => self.leases.renew(session),
+            _ => {}
+        }
+        answer
+    }
+
+    /// Calls only the leader answers; a follower forwards them.
+    async fn leader_call(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
+        let view = self.raft.view();
+        if view.role != Role::Leader {
+            return self.forward(&view, req).await;
+        }
+        match req.op {
+            MetaOp::RenewSession => self.renew(req.session).await,
+            MetaOp::ReadIndex => {
+                Ok(MetaResponse::ReadIndex { index: self.raft.read_index().await? })
+            }
+            MetaOp::AddReplica { id, addr } => {
+                tracing::info!("adding meta replica {id} at {addr}");
+                self.raft.add_replica(id, addr).await.map(|()| MetaResponse::Done)
+            }
+            MetaOp::RemoveReplica { id } => {
+                tracing::info!("removing meta replica {id}");
+                self.raft.remove_replica(id).await.map(|()| MetaResponse::Done)
+            }
+            other => Err(FsError::Invalid(format!("{other:?} is not a leader call"))),
+        }
+    }
+
+    /// Renews a session's lease, or says it has expired. A session missing here may only
+    /// be missing from a state machine that lags (a new leader), so absence is checked
+    /// again after a ReadIndex before the client is told to start over.
+    async fn renew(&self, session: SessionId) -> Result<MetaResponse, FsError> {
+        let exists = move |kv: &crate::raft::SmReader| stoa_meta::session_is_open(kv, session);
+        if !self.raft.read(exists).await? {
+            self.raft.linearize().await?;
+            if !self.raft.read(exists).await? {
+                return Err(FsError::SessionExpired);
+            }
+        }
+        self.leases.renew(session);
+        Ok(MetaResponse::Renewed { leader: self.raft.view().leader_addr })
     }
 
     async fn read(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
         let view = self.raft.view();
         if view.role != Role::Leader {
-            return self.forward(&view, req).await;
+            // StatFs reports the capacity live chunk servers told the leader.
+            if matches!(req.op, MetaOp::StatFs) {
+                return self.forward(&view, req).await;
+            }
+            return self.follower_read(&view, req.op).await;
         }
         self.raft.linearize().await?;
         let op = req.op;
@@ -78,6 +140,23 @@ impl Node {
             MetaResponse::StatFs(s) => MetaResponse::StatFs(self.live_statfs(s).await),
             other => other,
         })
+    }
+
+    /// A linearizable read served by this follower: the leader confirms its commit index
+    /// with a quorum (ReadIndex), this replica applies up to it, then reads its own
+    /// state machine. Read load thus spreads over every replica; the leader only
+    /// answers one small call.
+    async fn follower_read(&self, view: &RaftView, op: MetaOp) -> Result<MetaResponse, FsError> {
+        let ask =
+            MetaRequest { session: SessionId(0), req_id: RequestId(0), op: MetaOp::ReadIndex };
+        let index = match self.forward_with(view, ask, READ_INDEX_TIMEOUT).await? {
+            MetaResponse::ReadIndex { index } => index,
+            other => {
+                return Err(FsError::Protocol(format!("leader answered ReadIndex with {other:?}")))
+            }
+        };
+        self.raft.wait_applied(index, READ_INDEX_TIMEOUT).await?;
+        self.raft.read(move |kv| stoa_meta::read(kv, &op)).await
     }
 
     /// Replaces the recorded capacity with what live chunk servers last reported, when
@@ -119,21 +198,31 @@ impl Node {
         view: &RaftView,
         req: MetaRequest,
     ) -> Result<MetaResponse, FsError> {
+        self.forward_with(view, req, FORWARD_TIMEOUT).await
+    }
+
+    async fn forward_with(
+        &self,
+        view: &RaftView,
+        req: MetaRequest,
+        timeout: Duration,
+    ) -> Result<MetaResponse, FsError> {
         let (leader, addr) = match (view.leader, view.leader_addr) {
             (Some(leader), Some(addr)) if leader != self.id() => (leader, addr),
             _ => return Err(FsError::NotLeader { leader: None, addr: None }),
         };
-        self.call_meta(addr, req).await.inspect_err(|e| {
+        self.call_meta(addr, req, timeout).await.inspect_err(|e| {
             tracing::debug!("forwarding to leader {leader} at {addr} failed: {e}");
         })
     }
 
-    pub async fn call_meta(
+    async fn call_meta(
         &self,
         addr: SocketAddr,
         req: MetaRequest,
+        timeout: Duration,
     ) -> Result<MetaResponse, FsError> {
-        match self.pool.call(addr, &Request::Meta(req), Bytes::new(), FORWARD_TIMEOUT).await {
+        match self.pool.call(addr, &Request::Meta(req), Bytes::new(), timeout).await {
             Ok((Response::Meta(resp), _)) => Ok(resp),
             Ok((other, _)) => Err(FsError::Protocol(format!("meta at {addr} answered {other:?}"))),
             Err(e @ FsError::Unavailable(_)) => {

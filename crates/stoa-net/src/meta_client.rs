@@ -1,24 +1,39 @@
 //! Calling the meta service with failover. Every meta replica accepts every request (it
-//! forwards writes to the leader itself), so a caller sticks to one replica and moves to
-//! the next only when that one does not answer or has no leader to forward to.
+//! forwards writes to the leader itself and serves reads after a ReadIndex), so reads
+//! stick to one replica, and mutations go straight to the leader when the client knows
+//! it (from a `NotLeader` hint or a session renewal), saving the forwarding hop.
+//!
+//! Failover is fast: a refused or reset connection moves to the next replica at once,
+//! without sleeping, and every call has a short timeout, so a dead or frozen replica
+//! costs at most one timeout, never a connect or call timeout per request.
 
 use crate::Pool;
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoa_proto::{MetaRequest, MetaResponse, Request, Response};
 use stoa_types::FsError;
 
-/// How long one call to one replica may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one read may take at one replica before the client tries another. A read is
+/// one ReadIndex round and a local lookup; a healthy replica answers in milliseconds.
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long one mutation may take at one replica: a Raft commit, possibly behind a
+/// batch. A retry elsewhere is safe (request ids make it idempotent).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
+/// No leader known.
+const NONE: usize = usize::MAX;
 
 /// A caller of the meta service over a list of replica addresses.
 #[derive(Clone)]
 pub struct MetaClient {
     pool: Pool,
-    addrs: std::sync::Arc<Vec<SocketAddr>>,
-    current: std::sync::Arc<AtomicUsize>,
+    addrs: Arc<Vec<SocketAddr>>,
+    /// The replica reads go to.
+    current: Arc<AtomicUsize>,
+    /// The replica believed to lead, where mutations go; `NONE` when unknown.
+    leader: Arc<AtomicUsize>,
     /// How long a call keeps retrying retryable errors before it gives up with them.
     deadline: Duration,
 }
@@ -28,10 +43,13 @@ impl MetaClient {
     /// a leader election takes about a second, so a few seconds ride one out.
     pub fn new(pool: Pool, addrs: Vec<SocketAddr>, deadline: Duration) -> MetaClient {
         assert!(!addrs.is_empty(), "a meta client needs at least one address");
+        // Clients start on different replicas, so that their reads spread.
+        let start = std::process::id() as usize % addrs.len();
         MetaClient {
             pool,
-            addrs: std::sync::Arc::new(addrs),
-            current: std::sync::Arc::new(AtomicUsize::new(0)),
+            addrs: Arc::new(addrs),
+            current: Arc::new(AtomicUsize::new(start)),
+            leader: Arc::new(AtomicUsize::new(NONE)),
             deadline,
         }
     }
@@ -41,17 +59,29 @@ impl MetaClient {
         &self.addrs
     }
 
-    /// Sends `req` to the current replica, moving on to the next one while the answer is
-    /// retryable, until the deadline. Mutations carry a request id, so a retry after a
-    /// lost reply is answered with the first result instead of being applied twice.
+    /// Remembers that the replica at `addr` leads, if it is one of ours.
+    pub fn set_leader(&self, addr: SocketAddr) {
+        if let Some(i) = self.addrs.iter().position(|a| *a == addr) {
+            self.leader.store(i, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends `req`, moving between replicas while the answer is retryable, until the
+    /// deadline. Mutations carry a request id, so a retry after a lost reply is answered
+    /// with the first result instead of being applied twice.
     pub async fn call(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
         let started = Instant::now();
+        let mutation = req.op.is_mutation();
+        let timeout = if mutation { WRITE_TIMEOUT } else { READ_TIMEOUT };
         let req = Request::Meta(req);
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = Duration::from_millis(10);
+        let mut failed_in_a_row = 0;
         loop {
-            let index = self.current.load(Ordering::Relaxed) % self.addrs.len();
-            let addr = self.addrs[index];
-            let err = match self.pool.call(addr, &req, Bytes::new(), CALL_TIMEOUT).await {
+            let leader = self.leader.load(Ordering::Relaxed);
+            let to_leader = mutation && leader != NONE;
+            let index = if to_leader { leader } else { self.current.load(Ordering::Relaxed) };
+            let addr = self.addrs[index % self.addrs.len()];
+            let err = match self.pool.call(addr, &req, Bytes::new(), timeout).await {
                 Ok((Response::Meta(resp), _)) => return Ok(resp),
                 Ok((other, _)) => {
                     return Err(FsError::Protocol(format!("meta at {addr} answered {other:?}")))
@@ -63,17 +93,50 @@ impl MetaClient {
                 return Err(err);
             }
             tracing::debug!("meta call to {addr} failed ({err}); retrying");
-            // Move on unless the replica is alive and merely waiting for an election.
-            if !matches!(err, FsError::NotLeader { .. } | FsError::Busy) {
-                let _ = self.current.compare_exchange(
-                    index,
-                    index + 1,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
+            let sleep = self.learn_from(index, to_leader, &err, &mut failed_in_a_row);
+            if sleep {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(100));
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Updates where the next attempt goes after `err` from replica `index`; returns
+    /// whether to wait before it. Waiting is only useful while the group elects a
+    /// leader; a dead replica is skipped at once.
+    fn learn_from(
+        &self,
+        index: usize,
+        to_leader: bool,
+        err: &FsError,
+        failed_in_a_row: &mut usize,
+    ) -> bool {
+        if to_leader {
+            let _ = self.leader.compare_exchange(index, NONE, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        match err {
+            FsError::NotLeader { addr: Some(addr), .. } if self.addrs.contains(addr) => {
+                self.set_leader(*addr);
+                // Only mutations use the hint; a read retries where it was, after a pause.
+                !to_leader
+            }
+            FsError::NotLeader { .. } | FsError::Busy => true,
+            _ => {
+                // Unreachable, timed out, or stopping: drop the connection (it may lead
+                // to a frozen peer) and move on.
+                self.pool.forget(self.addrs[index % self.addrs.len()]);
+                if !to_leader {
+                    let _ = self.current.compare_exchange(
+                        index,
+                        (index + 1) % self.addrs.len(),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                }
+                *failed_in_a_row += 1;
+                // Sleep only after every replica failed once in a row.
+                failed_in_a_row.is_multiple_of(self.addrs.len())
+            }
         }
     }
 

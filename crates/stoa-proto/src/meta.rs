@@ -172,6 +172,33 @@ pub enum MetaOp {
         ino: InodeId,
         lock: FileLock,
     },
+    /// Keeps the caller's session alive; sent every third of the lease. Answered with
+    /// [`MetaResponse::Renewed`], or `SessionExpired` once meta has expired the session.
+    RenewSession,
+    /// The caller's session opened `ino`: while any session has it open, an unlinked or
+    /// replaced file is kept as an orphan instead of being deleted.
+    Open {
+        ino: InodeId,
+    },
+    /// The caller's session closed its last handle of `ino`. An orphan nobody has open
+    /// any more is deleted.
+    Release {
+        ino: InodeId,
+    },
+    /// Asks the leader for its commit index, confirmed by a quorum (Raft ReadIndex).
+    /// Answered with [`MetaResponse::ReadIndex`]; a follower serves a linearizable read
+    /// locally once it has applied that index.
+    ReadIndex,
+    /// Adds a meta replica: it joins as a learner, catches up (by snapshot if the log was
+    /// compacted), then becomes a voter.
+    AddReplica {
+        id: NodeId,
+        addr: SocketAddr,
+    },
+    /// Removes a meta replica from the voters and learners.
+    RemoveReplica {
+        id: NodeId,
+    },
 }
 
 /// Who holds a lock: a process (POSIX locks) or an open file (OFD and flock locks) of
@@ -223,6 +250,10 @@ impl MetaOp {
                 | MetaOp::ChunkHeartbeat { .. }
                 | MetaOp::ReportCorrupt { .. }
                 | MetaOp::GetLock { .. }
+                | MetaOp::RenewSession
+                | MetaOp::ReadIndex
+                | MetaOp::AddReplica { .. }
+                | MetaOp::RemoveReplica { .. }
         )
     }
 }
@@ -264,6 +295,15 @@ pub enum MetaResponse {
     },
     /// The conflicting lock found by [`MetaOp::GetLock`], or `None` when the range is free.
     Lock(Option<FileLock>),
+    /// The leader's read index: the log index a linearizable read must wait for.
+    ReadIndex {
+        index: u64,
+    },
+    /// The session was renewed by the leader at `leader`, where a client may send its
+    /// mutations directly.
+    Renewed {
+        leader: Option<SocketAddr>,
+    },
 }
 
 /// One meta replica as the cluster sees it.

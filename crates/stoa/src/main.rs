@@ -7,6 +7,7 @@
 //!  stoa chunk   -> stoa_chunk::run      (one chunk server)
 //!  stoa mount   -> stoa_fuse::mount     (one client session, FUSE)
 //!  stoa status  -> MetaOp::Status on any replica, printed like corosync-quorumtool
+//!  stoa admin   -> membership changes (meta add / remove) sent to the leader
 //! ```
 //!
 //! Each command follows one path: flags and an optional TOML file are merged, validated
@@ -39,6 +40,8 @@ enum Command {
     Mount(cmd::mount::Args),
     /// Show membership, leader, quorum, chunk servers and chains.
     Status(cmd::status::Args),
+    /// Change a running cluster: add or remove meta replicas.
+    Admin(cmd::admin::Args),
 }
 
 fn init_logs() {
@@ -56,6 +59,7 @@ fn main() {
         Command::Chunk(args) => cmd::chunk::main(args),
         Command::Mount(args) => cmd::mount::main(args),
         Command::Status(args) => cmd::status::main(args),
+        Command::Admin(args) => cmd::admin::main(args),
     };
     if let Err(e) = result {
         eprintln!("stoa: error: {e:#}");

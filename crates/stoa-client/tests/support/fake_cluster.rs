@@ -23,6 +23,11 @@ pub struct State {
     pub links: HashMap<u64, Vec<u8>>,
     pub chunks: HashMap<ChunkId, Vec<u8>>,
     pub purged: Vec<u64>,
+    /// Inodes some session has open, as told by `Open` and `Release`.
+    pub opens: std::collections::HashSet<u64>,
+    /// Sessions opened so far; `expired` ones are refused like meta refuses them.
+    pub sessions: u64,
+    pub expired: std::collections::HashSet<u64>,
     pub synced: Vec<ChunkId>,
     answered: HashMap<(u64, u64), Reply>,
     next_ino: u64,
@@ -89,6 +94,9 @@ impl stoa_net::Handler for Handler {
 impl Handler {
     fn meta(&self, req: MetaRequest) -> Reply {
         let mut st = self.state.lock().unwrap();
+        if st.expired.contains(&req.session.0) {
+            return Err(FsError::SessionExpired);
+        }
         let key = (req.session.0, req.req_id.0);
         if req.req_id.0 != 0 {
             if let Some(first) = st.answered.get(&key) {
@@ -105,7 +113,10 @@ impl Handler {
     fn apply(&self, st: &mut State, op: MetaOp) -> Result<MetaResponse, FsError> {
         Ok(match op {
             MetaOp::OpenSession { .. } => MetaResponse::Session(SessionGrant {
-                session: SessionId(7),
+                session: SessionId({
+                    st.sessions += 1;
+                    st.sessions
+                }),
                 cluster: ClusterId(1),
                 chunk_size_bytes: self.chunk_size,
                 lease_ms: 10_000,
@@ -171,7 +182,7 @@ impl Handler {
                     .ok_or(FsError::NotFound)?;
                 let a = st.attrs.get_mut(&ino).unwrap();
                 a.nlink -= 1;
-                if a.nlink == 0 && !open {
+                if a.nlink == 0 && !open && !st.opens.contains(&ino) {
                     st.attrs.remove(&ino);
                 }
                 MetaResponse::Done
@@ -206,6 +217,20 @@ impl Handler {
                 let a = st.attrs.get_mut(&ino.0).ok_or(FsError::NotFound)?;
                 a.size = a.size.max(size);
                 MetaResponse::Attr(a.clone())
+            }
+            MetaOp::RenewSession => MetaResponse::Renewed { leader: None },
+            MetaOp::Open { ino } => {
+                st.attrs.get(&ino.0).ok_or(FsError::NotFound)?;
+                st.opens.insert(ino.0);
+                MetaResponse::Done
+            }
+            MetaOp::Release { ino } => {
+                st.opens.remove(&ino.0);
+                if st.attrs.get(&ino.0).is_some_and(|a| a.nlink == 0) {
+                    st.attrs.remove(&ino.0);
+                    st.purged.push(ino.0);
+                }
+                MetaResponse::Done
             }
             MetaOp::Purge { ino } => {
                 st.attrs.remove(&ino.0);

@@ -20,15 +20,18 @@ pub(crate) mod xattr;
 use crate::kv::{KvRead, KvWrite};
 use crate::store::{load_dir, save_inode};
 use stoa_proto::{MetaOp, MetaResponse};
-use stoa_types::{FileKind, FsError, InodeId, Timestamp};
+use stoa_types::{FileKind, FsError, InodeId, SessionId, Timestamp};
 
-/// Applies one mutation, stamped `now`.
+/// Applies one mutation of `session`, stamped `now`.
 pub(crate) fn mutate(
     kv: &mut impl KvWrite,
+    session: SessionId,
     op: &MetaOp,
     now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
     match op {
+        MetaOp::Open { ino } => session::open_file(kv, session, *ino),
+        MetaOp::Release { ino } => session::release(kv, session, *ino),
         MetaOp::SetAttr { ino, set } => setattr::setattr(kv, *ino, set, now),
         MetaOp::CommitWrite { ino, size } => setattr::commit_write(kv, *ino, *size, now),
         MetaOp::Create { parent, name, kind, perm, uid, gid, rdev } => {

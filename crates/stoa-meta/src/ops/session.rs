@@ -5,12 +5,17 @@
 //! lost reply gets the first answer instead of being applied twice: a retried create
 //! returns the file it made rather than `Exists`. Only the last [`DEDUP_WINDOW`] request
 //! ids of a session are kept; a client never has that many mutations in flight.
+//!
+//! A session also owns what it holds: today the files it has open (`Opens` and
+//! `Openers`), later locks and capabilities. [`end`] releases all of it, whether the
+//! client closed the session or the leader expired it after a lease without renewals;
+//! anything a session comes to hold must be released there.
 
-use crate::kv::{KvRead, KvWrite, Table};
-use crate::store::{self, delete_prefix, load_cluster, take_next, Counter};
+use crate::kv::{prefix_end, KvRead, KvWrite, Table};
+use crate::store::{self, delete_prefix, ino_key, load_cluster, load_inode, take_next, Counter};
 use serde::{Deserialize, Serialize};
 use stoa_proto::{MetaResponse, SessionGrant};
-use stoa_types::{FsError, RequestId, SessionId, Timestamp};
+use stoa_types::{FsError, InodeId, RequestId, SessionId, Timestamp};
 
 /// How many recent request ids of a session keep their answers.
 pub const DEDUP_WINDOW: u64 = 1024;
@@ -56,13 +61,85 @@ pub(crate) fn open(
     }))
 }
 
-/// Ends a session and forgets its answers. Closing an unknown session is not an error,
-/// so that a retried close succeeds.
-pub(crate) fn close(kv: &mut impl KvWrite, session: SessionId) -> Result<MetaResponse, FsError> {
+/// Ends a session: releases everything it holds and forgets its answers. This is the
+/// one place a session's holdings are let go, for a close and for an expiry alike, so
+/// whatever a session can hold (open files now; locks and capabilities later) is
+/// released here. Ending an unknown session is not an error, so that a retried close
+/// or a late expiry succeeds.
+pub(crate) fn end(kv: &mut impl KvWrite, session: SessionId) -> Result<MetaResponse, FsError> {
+    const PAGE: usize = 256;
+    let prefix = session_key(session);
+    let end = prefix_end(&prefix);
+    loop {
+        let rows = kv.scan(Table::Opens, &prefix, end.as_deref(), PAGE)?;
+        for (key, _) in &rows {
+            release(kv, session, ino_from(&key[8..])?)?;
+        }
+        if rows.len() < PAGE {
+            break;
+        }
+    }
     kv.delete(Table::Sessions, &session_key(session))?;
     delete_prefix(kv, Table::Dedup, &session_key(session))?;
     super::locks::release_session(kv, session)?;
     Ok(MetaResponse::Done)
+}
+
+/// Every open session, in id order.
+pub(crate) fn list(kv: &impl KvRead) -> Result<Vec<SessionId>, FsError> {
+    let rows = kv.scan(Table::Sessions, &[], None, usize::MAX)?;
+    rows.iter().map(|(key, _)| ino_from(key).map(|n| SessionId(n.0))).collect()
+}
+
+fn ino_from(key: &[u8]) -> Result<InodeId, FsError> {
+    key.try_into().map(|b| InodeId(u64::from_be_bytes(b))).map_err(|_| {
+        FsError::Io(format!("session table key of {} bytes is not a number", key.len()))
+    })
+}
+
+fn pair_key(first: u64, second: u64) -> [u8; 16] {
+    let mut key = [0; 16];
+    key[..8].copy_from_slice(&first.to_be_bytes());
+    key[8..].copy_from_slice(&second.to_be_bytes());
+    key
+}
+
+/// Records that `session` has `ino` open. Opening twice is one open: the client counts
+/// its own handles and tells meta only about the first and the last.
+pub(crate) fn open_file(
+    kv: &mut impl KvWrite,
+    session: SessionId,
+    ino: InodeId,
+) -> Result<MetaResponse, FsError> {
+    if session.0 == 0 {
+        return Err(FsError::Invalid("opening a file needs a session".into()));
+    }
+    load_inode(kv, ino)?;
+    store::put(kv, Table::Opens, &pair_key(session.0, ino.0), &())?;
+    store::put(kv, Table::Openers, &pair_key(ino.0, session.0), &())?;
+    Ok(MetaResponse::Done)
+}
+
+/// `session` closed `ino`. If the file has no names left and nobody else has it open,
+/// it is deleted now. Releasing what is not open is harmless, so a retry succeeds.
+pub(crate) fn release(
+    kv: &mut impl KvWrite,
+    session: SessionId,
+    ino: InodeId,
+) -> Result<MetaResponse, FsError> {
+    kv.delete(Table::Opens, &pair_key(session.0, ino.0))?;
+    kv.delete(Table::Openers, &pair_key(ino.0, session.0))?;
+    if kv.get(Table::Orphans, &ino_key(ino))?.is_some() && !is_open_anywhere(kv, ino)? {
+        super::unlink::purge(kv, ino)?;
+    }
+    Ok(MetaResponse::Done)
+}
+
+/// Whether any session has `ino` open.
+pub(crate) fn is_open_anywhere(kv: &impl KvRead, ino: InodeId) -> Result<bool, FsError> {
+    let prefix = ino_key(ino);
+    let end = prefix_end(&prefix);
+    Ok(!kv.scan(Table::Openers, &prefix, end.as_deref(), 1)?.is_empty())
 }
 
 /// Whether `session` is open. Session 0 (none) always is.
@@ -104,8 +181,95 @@ mod tests {
     use crate::kv::{KvRead, Table};
     use crate::testing::{create_op, Fs, CLUSTER, ROOT};
     use crate::{apply, Command};
+    use crate::{garbage, sessions};
     use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant};
-    use stoa_types::{FileKind, RequestId, SessionId};
+    use stoa_types::{FileKind, FsError, RequestId, SessionId};
+
+    /// Opens a second session on the same tables and returns its id.
+    fn other_session(fs: &mut Fs) -> SessionId {
+        match fs.call(MetaOp::OpenSession { client: "other".into() }).unwrap() {
+            MetaResponse::Session(grant) => grant.session,
+            other => panic!("open session answered {other:?}"),
+        }
+    }
+
+    /// Runs `f` as `session`, then switches back.
+    fn as_session<T>(fs: &mut Fs, session: SessionId, f: impl FnOnce(&mut Fs) -> T) -> T {
+        let mine = std::mem::replace(&mut fs.session, session);
+        let out = f(fs);
+        fs.session = mine;
+        out
+    }
+
+    #[test]
+    fn an_unlinked_file_lives_until_the_last_opener_anywhere_releases_it() {
+        let mut fs = Fs::new();
+        let other = other_session(&mut fs);
+        let a = fs.create(ROOT, "a").unwrap();
+        fs.call(MetaOp::Open { ino: a.ino }).unwrap();
+        as_session(&mut fs, other, |fs| fs.call(MetaOp::Open { ino: a.ino })).unwrap();
+        // Unlinked by a third party that says nothing about opens: still an orphan.
+        fs.unlink(ROOT, "a", false).unwrap();
+        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
+        fs.call(MetaOp::Release { ino: a.ino }).unwrap();
+        // A purge from anyone leaves it while the other session has it open.
+        fs.call(MetaOp::Purge { ino: a.ino }).unwrap();
+        assert!(fs.getattr(a.ino).is_ok());
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        as_session(&mut fs, other, |fs| fs.call(MetaOp::Release { ino: a.ino })).unwrap();
+        assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 0)]);
+        assert!(fs.kv.is_empty(Table::Opens) && fs.kv.is_empty(Table::Openers));
+        assert!(fs.kv.is_empty(Table::Orphans));
+    }
+
+    #[test]
+    fn a_file_renamed_over_while_open_is_kept_until_released() {
+        let mut fs = Fs::new();
+        let victim = fs.create(ROOT, "v").unwrap();
+        fs.create(ROOT, "new").unwrap();
+        fs.call(MetaOp::Open { ino: victim.ino }).unwrap();
+        fs.rename((ROOT, "new"), (ROOT, "v"), 0).unwrap();
+        assert_eq!(fs.getattr(victim.ino).unwrap().nlink, 0);
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        fs.call(MetaOp::Release { ino: victim.ino }).unwrap();
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(victim.ino, 0)]);
+    }
+
+    #[test]
+    fn an_expired_session_releases_its_files_and_is_refused() {
+        let mut fs = Fs::new();
+        let other = other_session(&mut fs);
+        let a = fs.create(ROOT, "a").unwrap();
+        let b = fs.create(ROOT, "b").unwrap();
+        as_session(&mut fs, other, |fs| {
+            fs.call(MetaOp::Open { ino: a.ino }).unwrap();
+            fs.call(MetaOp::Open { ino: b.ino }).unwrap();
+        });
+        fs.unlink(ROOT, "a", false).unwrap();
+        assert_eq!(sessions(&fs.kv).unwrap(), vec![fs.session, other]);
+        apply(&mut fs.kv, &Command::ExpireSession { session: other }).unwrap();
+        // The orphan is garbage; the linked file is untouched; nothing of `other` is left.
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 0)]);
+        assert!(fs.getattr(b.ino).is_ok());
+        assert!(fs.kv.is_empty(Table::Opens) && fs.kv.is_empty(Table::Openers));
+        assert_eq!(sessions(&fs.kv).unwrap(), vec![fs.session]);
+        let late = as_session(&mut fs, other, |fs| fs.call(MetaOp::Open { ino: b.ino }));
+        assert_eq!(late, Err(FsError::SessionExpired));
+        // A second expiry (a new leader that judged the same) changes nothing.
+        apply(&mut fs.kv, &Command::ExpireSession { session: other }).unwrap();
+    }
+
+    #[test]
+    fn opening_a_missing_file_or_without_a_session_is_refused() {
+        let mut fs = Fs::new();
+        assert_eq!(fs.call(MetaOp::Open { ino: stoa_types::InodeId(999) }), Err(FsError::NotFound));
+        let a = fs.create(ROOT, "a").unwrap();
+        let none = as_session(&mut fs, SessionId(0), |fs| fs.call(MetaOp::Open { ino: a.ino }));
+        assert!(matches!(none, Err(FsError::Invalid(_))), "{none:?}");
+        // Releasing what is not open is harmless.
+        fs.call(MetaOp::Release { ino: a.ino }).unwrap();
+    }
 
     #[test]
     fn sessions_are_numbered_from_one_and_carry_the_cluster() {

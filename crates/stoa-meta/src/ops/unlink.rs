@@ -63,8 +63,9 @@ pub(crate) fn remove_empty_dir(kv: &mut impl KvWrite, dentry: Dentry) -> Result<
     release(kv, &rec)
 }
 
-/// Takes one link from `ino`. When none is left, the inode becomes an orphan if a client
-/// has it `open`, and is released otherwise.
+/// Takes one link from `ino`. When none is left, the inode becomes an orphan if any
+/// session has it open (or the caller says it has, `open`, as clients that do not
+/// report their opens do), and is released otherwise.
 pub(crate) fn drop_link(
     kv: &mut impl KvWrite,
     ino: InodeId,
@@ -74,7 +75,7 @@ pub(crate) fn drop_link(
     let mut rec = load_inode(kv, ino)?;
     rec.attr.nlink = rec.attr.nlink.saturating_sub(1);
     rec.attr.ctime = now;
-    if rec.attr.nlink > 0 || open {
+    if rec.attr.nlink > 0 || open || super::session::is_open_anywhere(kv, ino)? {
         save_inode(kv, &mut rec)?;
         if rec.attr.nlink == 0 {
             store::put(kv, Table::Orphans, &ino_key(ino), &())?;
@@ -99,10 +100,13 @@ fn release(kv: &mut impl KvWrite, rec: &InodeRec) -> Result<(), FsError> {
     count_files(kv, -1)
 }
 
-/// The last opener of an orphan closed it: release it. Anything else is left alone, so
-/// a repeated or late purge is harmless.
+/// The last opener of an orphan closed it: release it. An orphan that some session
+/// still has open stays, whoever asks; anything else is left alone, so a repeated or
+/// late purge is harmless.
 pub(crate) fn purge(kv: &mut impl KvWrite, ino: InodeId) -> Result<MetaResponse, FsError> {
-    if kv.get(Table::Orphans, &ino_key(ino))?.is_none() {
+    if kv.get(Table::Orphans, &ino_key(ino))?.is_none()
+        || super::session::is_open_anywhere(kv, ino)?
+    {
         return Ok(MetaResponse::Done);
     }
     match store::find_inode(kv, ino)? {

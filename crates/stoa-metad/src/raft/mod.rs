@@ -58,6 +58,10 @@ pub(crate) struct Tuning {
     /// Entries kept behind a snapshot, so a briefly lagging follower catches up from the
     /// log instead of a whole snapshot.
     pub entries_kept_after_snapshot: u64,
+    /// How long the leader keeps a client session without a renewal. Clients renew every
+    /// third of the lease they were granted, which is `stoa_meta::LEASE_MS`; only tests
+    /// shorten this.
+    pub session_lease_ms: u64,
 }
 
 impl Default for Tuning {
@@ -68,6 +72,7 @@ impl Default for Tuning {
             election_timeout_max_ms: 800,
             snapshot_every_entries: 5000,
             entries_kept_after_snapshot: 1000,
+            session_lease_ms: stoa_meta::LEASE_MS,
         }
     }
 }
@@ -137,6 +142,16 @@ fn not_leader(f: ForwardToLeader<u64, BasicNode>) -> FsError {
     FsError::NotLeader {
         leader: f.leader_id.map(NodeId),
         addr: f.leader_node.as_ref().and_then(parse_addr),
+    }
+}
+
+fn membership_err(e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> FsError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(f),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            FsError::Invalid(format!("membership change refused: {e}"))
+        }
+        other => unavailable(other),
     }
 }
 
@@ -228,6 +243,69 @@ impl MetaRaft {
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
             Err(e) => Err(unavailable(e)),
         }
+    }
+
+    /// On the leader: the commit index a linearizable read must wait for, after a quorum
+    /// confirmed that this replica still leads (Raft ReadIndex). Unlike [`linearize`]
+    /// it does not wait for this replica to apply it: the asking follower waits for its
+    /// own state machine instead.
+    ///
+    /// [`linearize`]: MetaRaft::linearize
+    pub async fn read_index(&self) -> Result<u64, FsError> {
+        match self.raft.get_read_log_id().await {
+            Ok((read, _applied)) => Ok(read.map_or(0, |l| l.index)),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Waits until this replica has applied log index `index`; a replica that cannot in
+    /// `timeout` (it lags far behind) answers `Unavailable`, so the caller tries another.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<(), FsError> {
+        if self.raft.metrics().borrow().last_applied.map_or(0, |l| l.index) >= index {
+            return Ok(());
+        }
+        self.raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(index), "read index")
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                FsError::Unavailable(format!("replica has not applied index {index}: {e}"))
+            })
+    }
+
+    /// Adds replica `id` at `addr` as a learner, waits until it has caught up (from the
+    /// log, or a snapshot when the log was compacted), then makes it a voter.
+    pub async fn add_replica(&self, id: NodeId, addr: SocketAddr) -> Result<(), FsError> {
+        let node = BasicNode::new(addr.to_string());
+        self.raft.add_learner(id.0, node, true).await.map_err(membership_err)?;
+        let voters: BTreeSet<u64> = self.view().voters.iter().map(|(v, _)| v.0).collect();
+        if voters.contains(&id.0) {
+            return Ok(());
+        }
+        let change = openraft::ChangeMembers::AddVoterIds([id.0].into_iter().collect());
+        self.raft.change_membership(change, false).await.map_err(membership_err)?;
+        Ok(())
+    }
+
+    /// Removes replica `id` from the voters (and drops it as a learner).
+    pub async fn remove_replica(&self, id: NodeId) -> Result<(), FsError> {
+        let voters: BTreeSet<u64> = self.view().voters.iter().map(|(v, _)| v.0).collect();
+        if !voters.contains(&id.0) {
+            return Err(FsError::NotFound);
+        }
+        if voters.len() == 1 {
+            return Err(FsError::Invalid("cannot remove the last meta replica".into()));
+        }
+        let change = openraft::ChangeMembers::RemoveVoters([id.0].into_iter().collect());
+        self.raft.change_membership(change, false).await.map_err(membership_err)?;
+        Ok(())
+    }
+
+    /// How long the leader keeps a session without a renewal.
+    pub fn session_lease(&self) -> Duration {
+        Duration::from_millis(self.tuning.session_lease_ms)
     }
 
     /// Runs `f` on a consistent read-only view of this replica's state machine, on the

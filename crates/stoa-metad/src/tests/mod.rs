@@ -1,6 +1,8 @@
 //! Whole replicas over real TCP on 127.0.0.1, each with its own temporary data directory.
 
 mod chunk_servers;
+mod membership;
+mod sessions;
 
 use crate::raft::{Role, Tuning};
 use crate::server::Server;

@@ -1,0 +1,82 @@
+//! Session leases kept by the leader, and reads served by followers.
+
+use super::*;
+
+fn req(session: SessionId, req_id: u64, op: MetaOp) -> MetaRequest {
+    MetaRequest { session, req_id: RequestId(req_id), op }
+}
+
+async fn renew(client: &MetaClient, session: SessionId) -> Result<MetaResponse, FsError> {
+    client.call(req(session, 0, MetaOp::RenewSession)).await
+}
+
+fn lease_tuning() -> Tuning {
+    Tuning { session_lease_ms: 1500, ..test_tuning() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_session_expires_and_its_open_orphan_becomes_garbage() {
+    let cluster = Cluster::start(3, lease_tuning()).await;
+    let leader = cluster.leader().await;
+    let client = cluster.client_all();
+    let (silent, alive) = (open_session(&client).await, open_session(&client).await);
+    let ino = create(&client, alive, 1, "f").await;
+    client.call(req(silent, 1, MetaOp::Open { ino })).await.unwrap();
+    let unlink = MetaOp::Unlink { parent: InodeId::ROOT, name: b"f".to_vec(), open: false };
+    client.call(req(alive, 2, unlink)).await.unwrap();
+    let getattr = req(SessionId(0), 0, MetaOp::GetAttr { ino });
+    assert!(client.call(getattr.clone()).await.is_ok(), "an open file was deleted");
+    // `alive` renews through a follower until `silent`, which says nothing, expires.
+    let follower = cluster.client((leader + 1) % 3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        renew(&follower, alive).await.unwrap();
+        match client.call(getattr.clone()).await {
+            Err(FsError::NotFound) => break,
+            Ok(_) => {}
+            Err(e) => panic!("getattr of the orphan failed: {e}"),
+        }
+        assert!(Instant::now() < deadline, "the silent session never expired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(renew(&client, silent).await, Err(FsError::SessionExpired));
+    let late = client.call(req(silent, 2, MetaOp::Release { ino })).await;
+    assert_eq!(late, Err(FsError::SessionExpired));
+    renew(&client, alive).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewing_session_survives_a_leader_change() {
+    let mut cluster = Cluster::start(3, lease_tuning()).await;
+    let old = cluster.leader().await;
+    let client = cluster.client_all();
+    let session = open_session(&client).await;
+    cluster.stop(old).await;
+    let started = Instant::now();
+    // Renew every third of the lease for well over a lease after the failover.
+    while started.elapsed() < Duration::from_millis(4000) {
+        renew(&client, session).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    create(&client, session, 1, "after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_reads_its_own_store_after_a_read_index() {
+    let cluster = Cluster::start(3, test_tuning()).await;
+    let leader = cluster.leader().await;
+    let client = cluster.client(leader);
+    let session = open_session(&client).await;
+    for i in 0..20u64 {
+        let ino = create(&client, session, i + 1, &format!("f{i}")).await;
+        // Written through the leader, read at once from each follower: never stale.
+        for f in [(leader + 1) % 3, (leader + 2) % 3] {
+            assert_eq!(lookup(&cluster.client(f), &format!("f{i}")).await.unwrap(), ino);
+        }
+    }
+    let ask = req(SessionId(0), 0, MetaOp::ReadIndex);
+    let MetaResponse::ReadIndex { index } = client.call(ask).await.unwrap() else {
+        panic!("ReadIndex answered something else")
+    };
+    assert!(index > 20, "read index {index} is behind the 20 creates");
+}
