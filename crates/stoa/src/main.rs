@@ -39,6 +39,8 @@ enum Command {
     Mount(cmd::mount::Args),
     /// Show membership, leader, quorum, chunk servers and chains.
     Status(cmd::status::Args),
+    /// Measure a mounted directory: sequential and random I/O, metadata, small files.
+    Bench(cmd::bench::Args),
 }
 
 fn init_logs() {
@@ -56,6 +58,7 @@ fn main() {
         Command::Chunk(args) => cmd::chunk::main(args),
         Command::Mount(args) => cmd::mount::main(args),
         Command::Status(args) => cmd::status::main(args),
+        Command::Bench(args) => cmd::bench::main(args),
     };
     if let Err(e) = result {
         eprintln!("stoa: error: {e:#}");

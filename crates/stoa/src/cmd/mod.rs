@@ -1,5 +1,6 @@
 //! One module per subcommand: arguments, config merge and validation, then run.
 
+pub mod bench;
 pub mod chunk;
 pub mod dev;
 pub mod meta;
