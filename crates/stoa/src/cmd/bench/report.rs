@@ -101,13 +101,14 @@ pub fn table(rows: &[Row], show_gap: bool) -> String {
 
 pub const CSV_HEADER: &str = "key,label,unit,median,reps,values,loadavg,max_gap_ms,errors";
 
-/// The rows as CSV (labels never contain commas or quotes: they are ours).
+/// The rows as CSV. Labels hold commas, so they are quoted (they never hold quotes:
+/// they are ours).
 pub fn csv(rows: &[Row]) -> String {
     let mut out = format!("{CSV_HEADER}\n");
     for r in rows {
         let values = r.values.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(" ");
         out.push_str(&format!(
-            "{},{},{},{:.3},{},{},{:.2},{:.1},{}\n",
+            "{},\"{}\",{},{:.3},{},{},{:.2},{:.1},{}\n",
             r.key,
             r.label,
             r.unit,
@@ -233,7 +234,7 @@ mod tests {
     fn row(key: &str, values: &[f64]) -> Row {
         Row {
             key: key.into(),
-            label: format!("{key} label"),
+            label: if key.starts_with("create") { format!("{key}, label") } else { format!("{key} label") },
             unit: "ops/s",
             values: values.to_vec(),
             loadavg: 1.5,
@@ -277,7 +278,7 @@ mod tests {
         let t = table(&rows, false);
         let lines: Vec<_> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(lines[1].contains("create.w1 label") && lines[1].contains(" 200 "), "{t}");
+        assert!(lines[1].contains("create.w1, label") && lines[1].contains(" 200 "), "{t}");
         assert!(lines[2].contains("12.3"), "{t}");
         assert_eq!(lines[1].find("ops/s"), lines[2].find("ops/s"), "units line up:\n{t}");
         assert!(table(&rows, true).lines().nth(1).unwrap().contains("12.0"));
@@ -288,10 +289,10 @@ mod tests {
         let c = csv(&[row("stat.w8", &[1.0, 2.0, 9.0])]);
         let mut lines = c.lines();
         assert_eq!(lines.next(), Some(CSV_HEADER));
-        let fields: Vec<_> = lines.next().unwrap().split(',').collect();
+        let line = lines.next().unwrap();
+        assert!(line.starts_with("stat.w8,\"stat.w8 label\",ops/s,2.000,3,"), "{line}");
+        let fields: Vec<_> = line.split(',').collect();
         assert_eq!(fields.len(), CSV_HEADER.split(',').count());
-        assert_eq!(fields[0], "stat.w8");
-        assert_eq!(fields[3], "2.000");
         assert_eq!(fields[5], "1.000 2.000 9.000");
     }
 
