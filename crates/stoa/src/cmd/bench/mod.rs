@@ -91,7 +91,8 @@ pub struct Sizes {
 
 impl Sizes {
     fn resolve(a: &Args) -> Sizes {
-        let pick = |v: Option<u64>, full: u64, quick: u64| v.unwrap_or(if a.quick { quick } else { full });
+        let pick =
+            |v: Option<u64>, full: u64, quick: u64| v.unwrap_or(if a.quick { quick } else { full });
         Sizes {
             files: pick(a.files, 10_000, 300),
             dirs: pick(a.dirs, 1_000, 100),
@@ -129,7 +130,9 @@ pub fn plan(only: &str, workers: &[u64], churn: Option<u64>) -> anyhow::Result<V
             "meta" => out.extend(workers.iter().map(|&w| Workload::Meta { workers: w })),
             "small" => out.push(Workload::Small),
             "study" => out.extend([1, 100].map(|spread| Workload::Study { spread })),
-            other => bail!("--only: unknown workload group `{other}` (seq, rand, meta, small, study)"),
+            other => {
+                bail!("--only: unknown workload group `{other}` (seq, rand, meta, small, study)")
+            }
         }
     }
     if out.is_empty() {
@@ -141,7 +144,9 @@ pub fn plan(only: &str, workers: &[u64], churn: Option<u64>) -> anyhow::Result<V
 fn parse_workers(s: &str) -> anyhow::Result<Vec<u64>> {
     let w: Vec<u64> = s
         .split(',')
-        .map(|p| p.trim().parse::<u64>().with_context(|| format!("--workers: `{p}` is not a count")))
+        .map(|p| {
+            p.trim().parse::<u64>().with_context(|| format!("--workers: `{p}` is not a count"))
+        })
         .collect::<anyhow::Result<_>>()?;
     if w.is_empty() || w.contains(&0) || w.iter().any(|&n| n > 256) {
         bail!("--workers: give counts between 1 and 256");
@@ -156,7 +161,9 @@ fn run_once(ctx: &Ctx, w: &Workload, s: &Sizes) -> anyhow::Result<Vec<Sample>> {
         Workload::Meta { workers } => workloads::meta(ctx, workers, s.files, s.dirs),
         Workload::Small => workloads::small(ctx, s.small_files),
         Workload::Study { spread } => workloads::study(ctx, spread, s.study_ops),
-        Workload::Churn { workers, secs } => workloads::churn(ctx, workers, secs, Duration::from_secs(30)),
+        Workload::Churn { workers, secs } => {
+            workloads::churn(ctx, workers, secs, Duration::from_secs(30))
+        }
     }
 }
 
@@ -196,12 +203,17 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
     let ctx = Ctx { dir: dir.clone(), quiet: args.quiet };
     let reps = if args.churn.is_some() { 1 } else { args.reps };
-    eprintln!("stoa bench: {} ({sizes:?}, {reps} repetition(s), load {:.2})", args.mnt.display(), report::loadavg());
+    eprintln!(
+        "stoa bench: {} ({sizes:?}, {reps} repetition(s), load {:.2})",
+        args.mnt.display(),
+        report::loadavg()
+    );
     let mut rows = Vec::new();
     let result = (|| -> anyhow::Result<()> {
         for w in &plan {
             for rep in 0..reps {
-                let samples = run_once(&ctx, w, &sizes).with_context(|| format!("{w:?}, repetition {}", rep + 1))?;
+                let samples = run_once(&ctx, w, &sizes)
+                    .with_context(|| format!("{w:?}, repetition {}", rep + 1))?;
                 merge(&mut rows, samples, report::loadavg());
             }
         }
@@ -213,7 +225,8 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     result?;
     print!("{}", report::table(&rows, args.gap || args.churn.is_some()));
     if let Some(path) = &args.csv {
-        std::fs::write(path, report::csv(&rows)).with_context(|| format!("write {}", path.display()))?;
+        std::fs::write(path, report::csv(&rows))
+            .with_context(|| format!("write {}", path.display()))?;
     }
     if args.churn.is_some() {
         // A worker stuck in the filesystem must not keep the process alive.
@@ -239,7 +252,10 @@ mod tests {
             ]
         );
         assert_eq!(plan("seq,rand,meta,small,study", &[1, 8], None).unwrap().len(), 7);
-        assert_eq!(plan("seq", &[1, 8], Some(20)).unwrap(), vec![Workload::Churn { workers: 8, secs: 20 }]);
+        assert_eq!(
+            plan("seq", &[1, 8], Some(20)).unwrap(),
+            vec![Workload::Churn { workers: 8, secs: 20 }]
+        );
         assert!(plan("seq,bogus", &[1], None).is_err());
         assert!(plan("", &[1], None).is_err());
     }

@@ -77,7 +77,10 @@ pub fn fmt_figure(v: f64) -> String {
 /// The table printed at the end of a run.
 pub fn table(rows: &[Row], show_gap: bool) -> String {
     let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0).max(8);
-    let mut out = format!("{:<width$}  {:>10}  {:<8} {:>5}  {:>7}", "workload", "median", "unit", "reps", "load1");
+    let mut out = format!(
+        "{:<width$}  {:>10}  {:<8} {:>5}  {:>7}",
+        "workload", "median", "unit", "reps", "load1"
+    );
     if show_gap {
         out.push_str(&format!("  {:>10}  {:>6}", "max gap ms", "errors"));
     }
@@ -234,7 +237,11 @@ mod tests {
     fn row(key: &str, values: &[f64]) -> Row {
         Row {
             key: key.into(),
-            label: if key.starts_with("create") { format!("{key}, label") } else { format!("{key} label") },
+            label: if key.starts_with("create") {
+                format!("{key}, label")
+            } else {
+                format!("{key} label")
+            },
             unit: "ops/s",
             values: values.to_vec(),
             loadavg: 1.5,

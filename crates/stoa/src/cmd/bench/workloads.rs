@@ -34,7 +34,14 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn sample(&self, key: String, label: String, unit: &'static str, value: f64, gap: &GapClock) -> Sample {
+    fn sample(
+        &self,
+        key: String,
+        label: String,
+        unit: &'static str,
+        value: f64,
+        gap: &GapClock,
+    ) -> Sample {
         Sample { key, label, unit, value, max_gap: gap.max_gap_closed(), errors: 0 }
     }
 }
@@ -62,7 +69,14 @@ impl Rng {
 
 /// Runs `op(worker, i)` for `total` operations split over `workers` threads started
 /// together, showing progress, and returns the wall time from start to the last one.
-fn parallel<F>(label: &str, workers: u64, total: u64, ctx: &Ctx, gap: &GapClock, op: F) -> anyhow::Result<Duration>
+fn parallel<F>(
+    label: &str,
+    workers: u64,
+    total: u64,
+    ctx: &Ctx,
+    gap: &GapClock,
+    op: F,
+) -> anyhow::Result<Duration>
 where
     F: Fn(u64, u64) -> anyhow::Result<()> + Sync,
 {
@@ -88,7 +102,10 @@ where
             progress.update(gap.completed() - base);
             std::thread::sleep(Duration::from_millis(50));
         }
-        handles.into_iter().map(|h| h.join().expect("bench worker panicked")).collect::<anyhow::Result<Vec<_>>>()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench worker panicked"))
+            .collect::<anyhow::Result<Vec<_>>>()
     });
     progress.finish();
     // The end is when the last worker finished, not when the polling loop noticed.
@@ -118,7 +135,11 @@ fn fresh_dir(ctx: &Ctx, name: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn create_empty(path: &Path) -> anyhow::Result<()> {
-    OpenOptions::new().write(true).create_new(true).open(path).with_context(|| format!("create {}", path.display()))?;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
     Ok(())
 }
 
@@ -161,8 +182,20 @@ pub fn seq(ctx: &Ctx, mib: u64) -> anyhow::Result<Vec<Sample>> {
     std::fs::remove_file(&path).context("remove seq.bin")?;
     let size = format!("{mib} MiB");
     Ok(vec![
-        ctx.sample("seq.write".into(), format!("seq write 1 MiB, {size}, fsync"), "MiB/s", mib as f64 / write.as_secs_f64(), &gap),
-        ctx.sample("seq.read".into(), format!("seq read 1 MiB, {size}, cold"), "MiB/s", mib as f64 / read.as_secs_f64(), &gap),
+        ctx.sample(
+            "seq.write".into(),
+            format!("seq write 1 MiB, {size}, fsync"),
+            "MiB/s",
+            mib as f64 / write.as_secs_f64(),
+            &gap,
+        ),
+        ctx.sample(
+            "seq.read".into(),
+            format!("seq read 1 MiB, {size}, cold"),
+            "MiB/s",
+            mib as f64 / read.as_secs_f64(),
+            &gap,
+        ),
     ])
 }
 
@@ -183,7 +216,11 @@ fn open_random(path: &Path) -> anyhow::Result<(File, bool)> {
             return Ok((f, true));
         }
     }
-    let f = OpenOptions::new().read(true).write(true).open(path).with_context(|| format!("open {}", path.display()))?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("open {}", path.display()))?;
     drop_caches(Some(&f));
     Ok((f, false))
 }
@@ -233,8 +270,20 @@ pub fn random(ctx: &Ctx, file_mib: u64, ops: u64) -> anyhow::Result<Vec<Sample>>
     std::fs::remove_file(&path).context("remove rand.bin")?;
     let how = if direct { "O_DIRECT" } else { "buffered, cold" };
     Ok(vec![
-        ctx.sample("rand.read.qd1".into(), format!("4k random read QD1 ({how})"), "IOPS", rate(ops, read), &gap),
-        ctx.sample("rand.write.qd1".into(), format!("4k random write QD1 ({how}, fsync)"), "IOPS", rate(ops, write), &gap),
+        ctx.sample(
+            "rand.read.qd1".into(),
+            format!("4k random read QD1 ({how})"),
+            "IOPS",
+            rate(ops, read),
+            &gap,
+        ),
+        ctx.sample(
+            "rand.write.qd1".into(),
+            format!("4k random write QD1 ({how}, fsync)"),
+            "IOPS",
+            rate(ops, write),
+            &gap,
+        ),
     ])
 }
 
@@ -327,8 +376,20 @@ pub fn small(ctx: &Ctx, count: u64) -> anyhow::Result<Vec<Sample>> {
     std::fs::remove_dir_all(&d).context("remove small files")?;
     let what = format!("{count} x 4 KiB");
     Ok(vec![
-        ctx.sample("small.write".into(), format!("small files write ({what})"), "files/s", rate(count, write), &gap),
-        ctx.sample("small.read".into(), format!("small files read back ({what}, cold)"), "files/s", rate(count, read), &gap),
+        ctx.sample(
+            "small.write".into(),
+            format!("small files write ({what})"),
+            "files/s",
+            rate(count, write),
+            &gap,
+        ),
+        ctx.sample(
+            "small.read".into(),
+            format!("small files read back ({what}, cold)"),
+            "files/s",
+            rate(count, read),
+            &gap,
+        ),
     ])
 }
 
@@ -339,18 +400,20 @@ pub fn study(ctx: &Ctx, spread: u64, ops: u64) -> anyhow::Result<Vec<Sample>> {
     let d = fresh_dir(ctx, &format!("study.{spread}"))?;
     let rounds = ops.div_ceil(spread);
     let mut spent = [Duration::ZERO; 3];
-    let mut progress = Progress::new(&format!("study, {spread} file(s)"), rounds * spread, ctx.quiet);
+    let mut progress =
+        Progress::new(&format!("study, {spread} file(s)"), rounds * spread, ctx.quiet);
     for round in 0..rounds {
-        let timed = |slot: &mut Duration, op: &dyn Fn(&Path) -> anyhow::Result<()>| -> anyhow::Result<()> {
-            for i in 0..spread {
-                let path = d.join(format!("s{i}"));
-                let start = Instant::now();
-                op(&path)?;
-                *slot += start.elapsed();
-                gap.tick();
-            }
-            Ok(())
-        };
+        let timed =
+            |slot: &mut Duration, op: &dyn Fn(&Path) -> anyhow::Result<()>| -> anyhow::Result<()> {
+                for i in 0..spread {
+                    let path = d.join(format!("s{i}"));
+                    let start = Instant::now();
+                    op(&path)?;
+                    *slot += start.elapsed();
+                    gap.tick();
+                }
+                Ok(())
+            };
         timed(&mut spent[0], &create_empty)?;
         timed(&mut spent[1], &|p| {
             let mut f = File::open(p).with_context(|| format!("open {}", p.display()))?;
@@ -358,7 +421,9 @@ pub fn study(ctx: &Ctx, spread: u64, ops: u64) -> anyhow::Result<Vec<Sample>> {
             while f.read(&mut buf).context("read")? > 0 {}
             Ok(())
         })?;
-        timed(&mut spent[2], &|p| std::fs::remove_file(p).with_context(|| format!("delete {}", p.display())))?;
+        timed(&mut spent[2], &|p| {
+            std::fs::remove_file(p).with_context(|| format!("delete {}", p.display()))
+        })?;
         progress.update((round + 1) * spread);
     }
     progress.finish();
@@ -369,7 +434,13 @@ pub fn study(ctx: &Ctx, spread: u64, ops: u64) -> anyhow::Result<Vec<Sample>> {
         .iter()
         .zip(spent)
         .map(|((key, what), t)| {
-            ctx.sample(format!("study.{key}.{spread}"), format!("study: {what}, {files}"), "ops/s", rate(n, t), &gap)
+            ctx.sample(
+                format!("study.{key}.{spread}"),
+                format!("study: {what}, {files}"),
+                "ops/s",
+                rate(n, t),
+                &gap,
+            )
         })
         .collect())
 }
@@ -384,7 +455,8 @@ pub fn churn(ctx: &Ctx, workers: u64, secs: u64, grace: Duration) -> anyhow::Res
     let stop = Arc::new(AtomicBool::new(false));
     let (errors, finished) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     for w in 0..workers {
-        let (d, gap, stop, errors, finished) = (d.clone(), gap.clone(), stop.clone(), errors.clone(), finished.clone());
+        let (d, gap, stop, errors, finished) =
+            (d.clone(), gap.clone(), stop.clone(), errors.clone(), finished.clone());
         std::thread::spawn(move || {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -428,5 +500,12 @@ pub fn churn(ctx: &Ctx, workers: u64, secs: u64, grace: Duration) -> anyhow::Res
     let label = format!("churn create+stat+unlink, {workers} workers, {secs} s");
     let label = if stuck > 0 { format!("{label}, {stuck} stuck") } else { label };
     let errors = errors.load(Ordering::Relaxed);
-    Ok(vec![Sample { key: format!("churn.w{workers}"), label, unit: "ops/s", value: rate(ops, elapsed), max_gap, errors }])
+    Ok(vec![Sample {
+        key: format!("churn.w{workers}"),
+        label,
+        unit: "ops/s",
+        value: rate(ops, elapsed),
+        max_gap,
+        errors,
+    }])
 }
