@@ -259,11 +259,14 @@ PY
 two_clients() {
     local sys=$1 m v=()
     echo "bench: $sys: 2 clients, metadata" >&2
+    # Wait for these two only: a bare `wait` would also wait for the daemons.
+    local pids=()
     for m in a b; do
         "$STOA" bench "$tmp/$sys/$m" --only meta --workers 1 --files "$files" --dirs "$dirs" \
             --reps "$reps" --quiet --csv "$tmp/2c-$m.csv" >/dev/null &
+        pids+=($!)
     done
-    wait
+    wait "${pids[@]}"
     python3 - "$sys" "$tmp/2c-a.csv" "$tmp/2c-b.csv" >>"$csv" <<'PY'
 import csv, sys
 a = list(csv.DictReader(open(sys.argv[2])))
@@ -279,12 +282,14 @@ PY
     for r in $(seq "$reps"); do
         echo "bench: $sys: 2 clients, fio randrw QD16 ($r/$reps)" >&2
         local sum=0
+        pids=()
         for m in a b; do
             fio --name=two --directory="$tmp/$sys/$m" --filename="two-$m.bin" --size="${rand_mib}M" --bs=4k \
                 --ioengine=libaio --direct=0 --iodepth=16 --readwrite=randrw --rwmixread=75 \
                 --runtime="$runtime" --time_based --output-format=json --output="$tmp/two-$m.json" >/dev/null &
+            pids+=($!)
         done
-        wait
+        wait "${pids[@]}"
         for m in a b; do sum=$(python3 -c "print($sum + $(fio_figure "$tmp/two-$m.json" iops))"); done
         v+=("$sum")
     done
