@@ -42,7 +42,8 @@ tmp=$(mktemp -d /var/tmp/stoa-peers.XXXXXX)
 on_exit "rm -rf '$tmp'"
 out=bench/results
 mkdir -p "$out"
-csv=$tmp/results.csv
+# Written as it goes, outside the temporary directory, so a failed run keeps its figures.
+csv=$out/peers.csv.partial
 echo "system,key,label,unit,median,reps,values,loadavg,notes" >"$csv"
 echo "bench: sizes: seq ${seq_mib} MiB, random ${rand_mib} MiB x ${runtime} s, ${reps} reps," \
     "metadata ${files} files / ${dirs} dirs, ${small} small files, study ${study} ops" >&2
@@ -143,7 +144,8 @@ CFG
     done
 }
 
-up_local() { mkdir -p "$tmp/local/a"; ln -s a "$tmp/local/b"; }
+# Both "clients" of the local directory are the same directory (fio refuses a symlink).
+up_local() { mkdir -p "$tmp/local/a"; ln -s "$tmp/local/a" "$tmp/local/b"; }
 
 up_bindfs() {
     local d=$tmp/bindfs
@@ -284,7 +286,7 @@ PY
         local sum=0
         pids=()
         for m in a b; do
-            fio --name=two --directory="$tmp/$sys/$m" --filename="two-$m.bin" --size="${rand_mib}M" --bs=4k \
+            fio --name=two --directory="$(readlink -f "$tmp/$sys/$m")" --filename="two-$m.bin" --size="${rand_mib}M" --bs=4k \
                 --ioengine=libaio --direct=0 --iodepth=16 --readwrite=randrw --rwmixread=75 \
                 --runtime="$runtime" --time_based --output-format=json --output="$tmp/two-$m.json" >/dev/null &
             pids+=($!)
@@ -309,7 +311,7 @@ for sys in "${syslist[@]}"; do
     two_clients "$sys"
 done
 
-cp "$csv" "$out/peers.csv"
+mv "$csv" "$out/peers.csv"
 # Debian's python3-matplotlib is for Debian's python, whatever python3 comes first in PATH.
 /usr/bin/python3 bench/report.py "$out/peers.csv" "$out/peers.png"
 echo "bench: results in $out/peers.csv and $out/peers.png" >&2
