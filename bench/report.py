@@ -21,8 +21,11 @@ def load(path):
     systems = [s for s in ORDER if any(r["system"] == s for r in rows)]
     workloads = []
     for r in rows:
-        if (r["key"], r["label"], r["unit"]) not in workloads:
-            workloads.append((r["key"], r["label"], r["unit"]))
+        # Keyed by key alone: a label may carry a per-system detail (readdir's time).
+        if r["key"] not in [k for k, _, _ in workloads]:
+            label = r["label"].split(" (")[0] + " (" + r["label"].split(" (")[1].split(",")[0] + ")" \
+                if r["key"] == "readdir" else r["label"]
+            workloads.append((r["key"], label, r["unit"]))
     fig = {(r["system"], r["key"]): r for r in rows}
     return systems, workloads, fig
 
