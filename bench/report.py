@@ -71,9 +71,9 @@ def chart(systems, workloads, fig, path):
     for ax in list(axes.flat)[len(workloads):]:
         ax.axis("off")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[s]) for s in systems]
-    f.legend(handles, [NAMES[s] for s in systems], loc="upper center", ncol=len(systems), fontsize=9)
+    f.legend(handles, [NAMES[s] for s in systems], loc="upper center", bbox_to_anchor=(0.5, 0.975), ncol=len(systems), fontsize=9)
     f.suptitle("Stoa vs peers, same machine, same run (higher is better)", y=0.995, fontsize=10)
-    f.tight_layout(rect=(0, 0, 1, 0.965))
+    f.tight_layout(rect=(0, 0, 1, 0.95))
     f.savefig(path, dpi=90)
 
 
