@@ -42,6 +42,8 @@ enum Command {
     Status(cmd::status::Args),
     /// Change a running cluster: add or remove meta replicas.
     Admin(cmd::admin::Args),
+    /// Measure a mounted directory: sequential and random I/O, metadata, small files.
+    Bench(cmd::bench::Args),
 }
 
 fn init_logs() {
@@ -60,6 +62,7 @@ fn main() {
         Command::Mount(args) => cmd::mount::main(args),
         Command::Status(args) => cmd::status::main(args),
         Command::Admin(args) => cmd::admin::main(args),
+        Command::Bench(args) => cmd::bench::main(args),
     };
     if let Err(e) = result {
         eprintln!("stoa: error: {e:#}");

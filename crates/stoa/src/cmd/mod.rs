@@ -1,6 +1,7 @@
 //! One module per subcommand: arguments, config merge and validation, then run.
 
 pub mod admin;
+pub mod bench;
 pub mod chunk;
 pub mod dev;
 pub mod meta;

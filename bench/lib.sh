@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Shared by bench/*.sh: build stoa, run cleanup steps in reverse order on exit, start and
+# stop `stoa dev` clusters, show progress. Sourced, not run.
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/deps.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+STOA=$PWD/target/release/stoa
+
+# Cleanup steps, run last-in first-out by the EXIT trap, each allowed to fail.
+cleanups=()
+on_exit() { cleanups+=("$*"); }
+run_cleanups() {
+    local i
+    for ((i = ${#cleanups[@]} - 1; i >= 0; i--)); do eval "${cleanups[$i]}" >/dev/null 2>&1 || true; done
+}
+trap run_cleanups EXIT
+trap 'exit 130' INT TERM
+
+say() { printf '\n== %s (load %s)\n' "$*" "$(cut -d' ' -f1 /proc/loadavg)" >&2; }
+
+# apt-get install of the missing packages among "$@" (apt-get update once when needed).
+need_apt() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "bench: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 || {
+        apt-get update -qq
+        apt-get install -y -qq "${missing[@]}" >/dev/null
+    }
+}
+
+# Stops the process PID with SIGTERM, then SIGKILL after 30 s.
+stop_pid() {
+    local pid=$1 i
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for i in $(seq 300); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Waits until MNT is a mount point, at most SECS seconds.
+wait_mount() {
+    local mnt=$1 secs=${2:-120} i
+    for i in $(seq $((secs * 5))); do mountpoint -q "$mnt" && return 0; sleep 0.2; done
+    echo "bench: $mnt not mounted after $secs s" >&2
+    return 1
+}
+
+# stoa_up DIR MNT META CHUNK: a `stoa dev` cluster in the background, mounted at MNT.
+# Sets STOA_DEV_PID.
+stoa_up() {
+    local dir=$1 mnt=$2 meta=$3 chunk=$4
+    mkdir -p "$dir" "$mnt"
+    "$STOA" dev --dir "$dir" --mount "$mnt" --meta "$meta" --chunk "$chunk" >"$dir.log" 2>&1 &
+    STOA_DEV_PID=$!
+    on_exit "stop_pid $STOA_DEV_PID; fusermount3 -uz '$mnt'"
+    wait_mount "$mnt" 120 || { tail -20 "$dir.log" >&2; return 1; }
+}

@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# Stoa against its peers on this machine, in one run (issue 7): a Stoa cluster (3 meta,
+# 3 chunk, replica 3), a GlusterFS replica-3 volume, a MooseFS cluster with goal 3 (bricks
+# and chunk servers on loopback, FUSE clients), and two ceilings: a local directory and a
+# bindfs FUSE passthrough of one. The same workloads on each: fio for data (sequential
+# 1 MiB write with fsync and cold read, 4 KiB random read and write at iodepth 1 and 16,
+# the DRBD+OCFS2 users' randrw job), `stoa bench` for metadata, small files and the
+# metadata-study table, and 2 concurrent clients (two mounts of the same system).
+#
+#   bench/peers.sh [--quick] [--seq-mib N] [--rand-mib N] [--runtime S] [--reps N]
+#                  [--files N] [--dirs N] [--small N] [--study-ops N] [--systems a,b,...]
+#
+# Each figure is the median of --reps runs, recorded with the 1-minute load average.
+# Writes bench/results/peers.csv and peers.png and prints each system's figure and
+# Stoa's ratio to the best peer (GlusterFS, MooseFS; the ceilings are not peers).
+# Everything it starts is stopped, unmounted and deleted at exit, even on failure.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+seq_mib=1024 rand_mib=256 runtime=10 reps=3 files=10000 dirs=1000 small=5000 study=2000
+systems=stoa,gluster,moosefs,local,bindfs
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) seq_mib=64 rand_mib=32 runtime=3 reps=1 files=100 dirs=20 small=100 study=50; shift ;;
+        --seq-mib) seq_mib=$2; shift 2 ;;
+        --rand-mib) rand_mib=$2; shift 2 ;;
+        --runtime) runtime=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
+        --files) files=$2; shift 2 ;;
+        --dirs) dirs=$2; shift 2 ;;
+        --small) small=$2; shift 2 ;;
+        --study-ops) study=$2; shift 2 ;;
+        --systems) systems=$2; shift 2 ;;
+        *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+    esac
+done
+need_apt fio python3-matplotlib bindfs glusterfs-server glusterfs-client \
+    moosefs-master moosefs-chunkserver moosefs-client moosefs-cli
+cargo build --release --quiet --bin stoa
+
+tmp=$(mktemp -d /var/tmp/stoa-peers.XXXXXX)
+on_exit "rm -rf '$tmp'"
+out=bench/results
+mkdir -p "$out"
+# Written as it goes, outside the temporary directory, so a failed run keeps its figures.
+csv=$out/peers.csv.partial
+echo "system,key,label,unit,median,reps,values,loadavg,notes" >"$csv"
+echo "bench: sizes: seq ${seq_mib} MiB, random ${rand_mib} MiB x ${runtime} s, ${reps} reps," \
+    "metadata ${files} files / ${dirs} dirs, ${small} small files, study ${study} ops" >&2
+
+# ---- systems: each sets up mounts $tmp/SYS/a and $tmp/SYS/b (a second client) ----
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+up_stoa() {
+    local d=$tmp/stoa
+    stoa_up "$d/cluster" "$d/a" 3 3
+    mkdir -p "$d/b"
+    "$STOA" mount --dir "$d/cluster" "$d/b" >"$d/mount-b.log" 2>&1 &
+    on_exit "stop_pid $!; fusermount3 -uz '$d/b'"
+    wait_mount "$d/b" 60
+}
+
+up_gluster() {
+    local d=$tmp/gluster vol=stoabench$$
+    mkdir -p "$d/b1" "$d/b2" "$d/b3" "$d/a" "$d/b"
+    if [ -e /var/run/glusterd.pid ] && kill -0 "$(cat /var/run/glusterd.pid)" 2>/dev/null; then
+        echo "bench: a glusterd is already running; not starting another" >&2; return 1
+    fi
+    local host
+    host=$(host_addr)
+    glusterd -p "$d/glusterd.pid"
+    on_exit "kill \$(cat '$d/glusterd.pid')"
+    for _ in $(seq 100); do gluster --mode=script pool list >/dev/null 2>&1 && break; sleep 0.2; done
+    gluster --mode=script volume create "$vol" replica 3 \
+        "$host:$d/b1" "$host:$d/b2" "$host:$d/b3" force >/dev/null
+    on_exit "gluster --mode=script volume delete $vol"
+    on_exit "for f in /var/run/gluster/vols/$vol/*.pid; do kill \$(cat \$f); done"
+    gluster --mode=script volume start "$vol" >/dev/null
+    on_exit "gluster --mode=script volume stop $vol force"
+    mount -t glusterfs "$host:/$vol" "$d/a"
+    on_exit "umount -l '$d/a'"
+    mount -t glusterfs "$host:/$vol" "$d/b"
+    on_exit "umount -l '$d/b'"
+}
+
+# This host's own address, routed over the loopback interface: GlusterFS and MooseFS
+# refuse 127.0.0.1 for their servers, and no traffic leaves the machine this way either.
+host_addr() {
+    local host
+    host=$(hostname -I | awk '{print $1}')
+    ip route get "$host" | grep -q ' dev lo ' || { echo "bench: $host is not routed over lo" >&2; return 1; }
+    echo "$host"
+}
+
+# MooseFS: a master and 3 chunk servers on loopback, each with its own config and port.
+up_moosefs() {
+    local d=$tmp/moosefs i cl cs ml host
+    host=$(host_addr)
+    mkdir -p "$d/master" "$d/a" "$d/b"
+    ml=$(free_port) cs=$(free_port) cl=$(free_port)
+    cp /var/lib/mfs/metadata.mfs.empty "$d/master/metadata.mfs"
+    echo "$host / rw,alldirs,maproot=0" >"$d/exports.cfg"
+    cat >"$d/master.cfg" <<CFG
+WORKING_USER = root
+WORKING_GROUP = root
+DATA_PATH = $d/master
+EXPORTS_FILENAME = $d/exports.cfg
+MATOML_LISTEN_HOST = $host
+MATOML_LISTEN_PORT = $ml
+MATOCS_LISTEN_HOST = $host
+MATOCS_LISTEN_PORT = $cs
+MATOCL_LISTEN_HOST = $host
+MATOCL_LISTEN_PORT = $cl
+CFG
+    mfsmaster -c "$d/master.cfg" start >"$d/master.log" 2>&1
+    on_exit "mfsmaster -c '$d/master.cfg' stop"
+    for i in 1 2 3; do
+        mkdir -p "$d/cs$i/data" "$d/cs$i/hdd"
+        echo "$d/cs$i/hdd" >"$d/cs$i/hdd.cfg"
+        cat >"$d/cs$i/cs.cfg" <<CFG
+WORKING_USER = root
+WORKING_GROUP = root
+DATA_PATH = $d/cs$i/data
+HDD_CONF_FILENAME = $d/cs$i/hdd.cfg
+BIND_HOST = $host
+MASTER_HOST = $host
+MASTER_PORT = $cs
+CSSERV_LISTEN_HOST = $host
+CSSERV_LISTEN_PORT = $(free_port)
+CFG
+        mfschunkserver -c "$d/cs$i/cs.cfg" start >"$d/cs$i.log" 2>&1
+        on_exit "mfschunkserver -c '$d/cs$i/cs.cfg' stop"
+    done
+    for m in a b; do
+        mfsmount "$d/$m" -H "$host" -P "$cl" >"$d/mount-$m.log" 2>&1
+        on_exit "umount -l '$d/$m'"
+    done
+    mfssetgoal -r 3 "$d/a" >/dev/null
+    # Writes need the chunk servers registered with the master.
+    for _ in $(seq 100); do
+        [ "$(mfscli -H "$host" -P "$cl" -SCS 2>/dev/null | grep -c "$host")" -ge 3 ] && break
+        sleep 0.3
+    done
+}
+
+# Both "clients" of the local directory are the same directory (fio refuses a symlink).
+up_local() { mkdir -p "$tmp/local/a"; ln -s "$tmp/local/a" "$tmp/local/b"; }
+
+up_bindfs() {
+    local d=$tmp/bindfs
+    mkdir -p "$d/src" "$d/a" "$d/b"
+    for m in a b; do
+        bindfs "$d/src" "$d/$m"
+        on_exit "fusermount -uz '$d/$m'"
+    done
+}
+
+# ---- workloads ----
+
+# record SYS KEY LABEL UNIT NOTES VALUE... : one row of the CSV (median of the values).
+record() {
+    local sys=$1 key=$2 label=$3 unit=$4 notes=$5
+    shift 5
+    python3 - "$sys" "$key" "$label" "$unit" "$notes" "$(cut -d' ' -f1 /proc/loadavg)" "$@" >>"$csv" <<'PY'
+import csv, statistics, sys
+sysname, key, label, unit, notes, load, *vals = sys.argv[1:]
+v = [float(x) for x in vals]
+csv.writer(sys.stdout).writerow([sysname, key, label, unit, f"{statistics.median(v):.3f}", len(v),
+                                 " ".join(f"{x:.3f}" for x in v), load, notes])
+PY
+}
+
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+# fio_figure JSON FIELD: MiB/s of the write or read side, or IOPS of read/write/both.
+fio_figure() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"]
+field = sys.argv[2]
+if field == "wbw": print(sum(x["write"]["bw_bytes"] for x in j) / 2**20)
+elif field == "rbw": print(sum(x["read"]["bw_bytes"] for x in j) / 2**20)
+elif field == "riops": print(sum(x["read"]["iops"] for x in j))
+elif field == "wiops": print(sum(x["write"]["iops"] for x in j))
+else: print(sum(x["read"]["iops"] + x["write"]["iops"] for x in j))
+PY
+}
+
+# fio_run DIR NAME ARGS...: runs fio, with O_DIRECT if the filesystem takes it, else
+# buffered (FIO_NOTE says which). The JSON lands in $tmp/fio.json.
+fio_run() {
+    local dir=$1 name=$2
+    shift 2
+    FIO_NOTE=""
+    if ! fio --name="$name" --directory="$dir" --output-format=json --output="$tmp/fio.json" "$@" >"$tmp/fio.err" 2>&1; then
+        if printf '%s\n' "$@" | grep -q -- '--direct=1'; then
+            FIO_NOTE="O_DIRECT refused: buffered"
+            local args=("${@/--direct=1/--direct=0}")
+            fio --name="$name" --directory="$dir" --output-format=json --output="$tmp/fio.json" "${args[@]}" >"$tmp/fio.err" 2>&1 ||
+                { cat "$tmp/fio.err" >&2; return 1; }
+        else
+            cat "$tmp/fio.err" >&2; return 1
+        fi
+    fi
+}
+
+data_workloads() {
+    local sys=$1 dir=$tmp/$1/a r w rd v
+    local ws=() rs=()
+    for r in $(seq "$reps"); do
+        echo "bench: $sys: seq write/read ${seq_mib} MiB ($r/$reps)" >&2
+        fio_run "$dir" seq --filename=seq.bin --rw=write --bs=1M --size="${seq_mib}M" --end_fsync=1 --ioengine=psync
+        ws+=("$(fio_figure "$tmp/fio.json" wbw)")
+        drop_caches
+        fio_run "$dir" seq --filename=seq.bin --rw=read --bs=1M --size="${seq_mib}M" --ioengine=psync
+        rs+=("$(fio_figure "$tmp/fio.json" rbw)")
+        rm -f "$dir/seq.bin"
+    done
+    record "$sys" seq.write "fio seq write 1M, ${seq_mib} MiB, fsync at end" MiB/s "" "${ws[@]}"
+    record "$sys" seq.read "fio seq read 1M, ${seq_mib} MiB, caches dropped" MiB/s "" "${rs[@]}"
+    local common=(--filename=rand.bin --size="${rand_mib}M" --bs=4k --ioengine=libaio --direct=1
+        --runtime="$runtime" --time_based --ramp_time=1)
+    for job in "randread 1 riops" "randread 16 riops" "randwrite 1 wiops" "randwrite 16 wiops" "randrw 64 iops"; do
+        read -r rw qd field <<<"$job"
+        v=()
+        for r in $(seq "$reps"); do
+            echo "bench: $sys: 4k $rw iodepth $qd, ${runtime} s ($r/$reps)" >&2
+            if [ "$rw" = randrw ]; then
+                fio_run "$dir" rand "${common[@]}" --iodepth=64 --readwrite=randrw --rwmixread=75
+            else
+                fio_run "$dir" rand "${common[@]}" --rw="$rw" --iodepth="$qd"
+            fi
+            v+=("$(fio_figure "$tmp/fio.json" "$field")")
+        done
+        if [ "$rw" = randrw ]; then
+            record "$sys" randrw.qd64 "fio DRBD+OCFS2 job: 4k randrw 75% read, QD64 (r+w)" IOPS "$FIO_NOTE" "${v[@]}"
+        else
+            record "$sys" "$rw.qd$qd" "fio 4k $rw QD$qd" IOPS "$FIO_NOTE" "${v[@]}"
+        fi
+    done
+    rm -f "$dir/rand.bin"
+}
+
+# Metadata, small files and the study table with `stoa bench` on mount a.
+meta_workloads() {
+    local sys=$1
+    echo "bench: $sys: stoa bench metadata, small files, study table" >&2
+    "$STOA" bench "$tmp/$sys/a" --only meta,small,study --workers 1 --files "$files" --dirs "$dirs" \
+        --small-files "$small" --study-ops "$study" --reps "$reps" --csv "$tmp/sb.csv" >&2
+    python3 - "$sys" "$tmp/sb.csv" >>"$csv" <<'PY'
+import csv, sys
+for r in csv.DictReader(open(sys.argv[2])):
+    csv.writer(sys.stdout).writerow([sys.argv[1], r["key"], r["label"], r["unit"], r["median"], r["reps"],
+                                     r["values"], r["loadavg"], ""])
+PY
+}
+
+# Two clients at once, one per mount: metadata (stoa bench) and the randrw job (fio);
+# the figure is the sum of both clients' figures.
+two_clients() {
+    local sys=$1 m v=()
+    echo "bench: $sys: 2 clients, metadata" >&2
+    # Wait for these two only: a bare `wait` would also wait for the daemons.
+    local pids=()
+    for m in a b; do
+        "$STOA" bench "$tmp/$sys/$m" --only meta --workers 1 --files "$files" --dirs "$dirs" \
+            --reps "$reps" --quiet --csv "$tmp/2c-$m.csv" >/dev/null &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    python3 - "$sys" "$tmp/2c-a.csv" "$tmp/2c-b.csv" >>"$csv" <<'PY'
+import csv, sys
+a = list(csv.DictReader(open(sys.argv[2])))
+b = {r["key"]: r for r in csv.DictReader(open(sys.argv[3]))}
+for r in a:
+    if r["key"] not in ("create.w1", "stat.w1", "unlink.w1", "mkdir.w1"):
+        continue
+    total = float(r["median"]) + float(b[r["key"]]["median"])
+    name = r["key"].split(".")[0]
+    csv.writer(sys.stdout).writerow([sys.argv[1], f"2c.{name}", f"2 clients: {name} ({r['label'].split('(')[1].split(')')[0]} each), sum",
+                                     r["unit"], f"{total:.3f}", r["reps"], "", r["loadavg"], "medians of each client summed"])
+PY
+    for r in $(seq "$reps"); do
+        echo "bench: $sys: 2 clients, fio randrw QD16 ($r/$reps)" >&2
+        local sum=0
+        pids=()
+        for m in a b; do
+            fio --name=two --directory="$(readlink -f "$tmp/$sys/$m")" --filename="two-$m.bin" --size="${rand_mib}M" --bs=4k \
+                --ioengine=libaio --direct=0 --iodepth=16 --readwrite=randrw --rwmixread=75 \
+                --runtime="$runtime" --time_based --output-format=json --output="$tmp/two-$m.json" >/dev/null &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        for m in a b; do sum=$(python3 -c "print($sum + $(fio_figure "$tmp/two-$m.json" iops))"); done
+        v+=("$sum")
+    done
+    rm -f "$tmp/$sys"/a/two-*.bin
+    record "$sys" 2c.randrw "2 clients: fio 4k randrw 75% read QD16 each (buffered), sum" IOPS "" "${v[@]}"
+}
+
+IFS=, read -r -a syslist <<<"$systems"
+for sys in "${syslist[@]}"; do
+    say "$sys: setting up"
+    "up_$sys"
+    say "$sys: data workloads (fio)"
+    data_workloads "$sys"
+    say "$sys: metadata and small files (stoa bench)"
+    meta_workloads "$sys"
+    say "$sys: two clients"
+    two_clients "$sys"
+done
+
+mv "$csv" "$out/peers.csv"
+# Debian's python3-matplotlib is for Debian's python, whatever python3 comes first in PATH.
+/usr/bin/python3 bench/report.py "$out/peers.csv" "$out/peers.png"
+echo "bench: results in $out/peers.csv and $out/peers.png" >&2
