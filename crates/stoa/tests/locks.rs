@@ -75,15 +75,12 @@ print("locked", flush=True)
 sys.stdin.read()
 "#;
 
-#[test]
-fn getlk_sees_a_holder_on_the_other_mount_and_a_waiter_wakes_when_it_exits() {
-    let dev = Dev::start(3, 3);
-    let other = Mount::new(&dev, "mnt2");
-    let file = dev.mnt.join("held");
-    std::fs::write(&file, b"x").unwrap();
+/// Starts a process that holds an exclusive lock on `path`, once it has it. It lets go
+/// when its stdin closes.
+fn hold_lock(path: &Path) -> Child {
     let mut holder = Command::new("python3")
         .args(["-c", HOLDER])
-        .arg(other.path.join("held"))
+        .arg(path)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -92,6 +89,16 @@ fn getlk_sees_a_holder_on_the_other_mount_and_a_waiter_wakes_when_it_exits() {
     use std::io::BufRead;
     std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "locked");
+    holder
+}
+
+#[test]
+fn getlk_sees_a_holder_on_the_other_mount_and_a_waiter_wakes_when_it_exits() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let file = dev.mnt.join("held");
+    std::fs::write(&file, b"x").unwrap();
+    let mut holder = hold_lock(&other.path.join("held"));
 
     // F_GETLK on the first mount reports the holder; a non-blocking lock fails.
     let probe = sh(&format!(
@@ -134,17 +141,7 @@ fn the_locks_of_a_mount_that_goes_away_are_released() {
     std::fs::write(&file, b"x").unwrap();
     {
         let other = Mount::new(&dev, "mnt2");
-        let mut holder = Command::new("python3")
-            .args(["-c", HOLDER])
-            .arg(other.path.join("orphan-lock"))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "locked");
+        let mut holder = hold_lock(&other.path.join("orphan-lock"));
         // The mount goes away (SIGTERM) while the holder still has the file open.
         drop(other);
         let _ = holder.kill();
