@@ -1,42 +1,11 @@
-//! The data directory outside the chunk store: an exclusive lock so that two servers
-//! never share one store, and the identity meta gave this server (node id and cluster
-//! id), which ties the directory to one cluster forever.
+//! The identity meta gave this chunk server (node id and cluster id), which ties its data
+//! directory to one cluster forever. The directory's lock is `stoa_datadir::DirLock`.
 
 use crate::ChunkError;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use stoa_types::{ClusterId, NodeId};
-
-/// Holds `flock(LOCK_EX)` on `<data_dir>/LOCK` for as long as it lives. The kernel drops
-/// the lock when the process dies, so a crash never leaves a stale lock behind.
-#[derive(Debug)]
-pub(crate) struct DirLock {
-    _file: File,
-}
-
-impl DirLock {
-    pub fn acquire(dir: &Path) -> Result<DirLock, ChunkError> {
-        let path = dir.join("LOCK");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|source| ChunkError::Lock { path: path.clone(), source })?;
-        // SAFETY: flock only reads the descriptor, which `file` keeps open.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(ChunkError::Locked { path: dir.to_path_buf() });
-            }
-            return Err(ChunkError::Lock { path, source: err });
-        }
-        Ok(DirLock { _file: file })
-    }
-}
 
 const IDENTITY_MAGIC: &[u8; 4] = b"STID";
 const IDENTITY_FORMAT: u32 = 1;
@@ -114,16 +83,6 @@ impl Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_second_lock_on_the_same_directory_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = DirLock::acquire(dir.path()).unwrap();
-        let err = DirLock::acquire(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("in use by another process"), "{err}");
-        drop(first);
-        DirLock::acquire(dir.path()).unwrap();
-    }
 
     #[test]
     fn the_identity_persists_and_damage_is_detected() {

@@ -23,3 +23,12 @@ pub enum ChunkError {
     #[error("register with meta: {0}")]
     Register(FsError),
 }
+
+impl From<stoa_datadir::DirLockError> for ChunkError {
+    fn from(e: stoa_datadir::DirLockError) -> Self {
+        match e {
+            stoa_datadir::DirLockError::Busy { path } => ChunkError::Locked { path },
+            stoa_datadir::DirLockError::Io { path, source } => ChunkError::Lock { path, source },
+        }
+    }
+}

@@ -1,42 +1,12 @@
-//! The data directory: an exclusive lock so that two servers never share one store, and
-//! the cluster id file that ties the directory to one cluster forever.
+//! The cluster id file that ties a replica's data directory to one cluster forever (the
+//! directory's lock is `stoa_datadir::DirLock`).
 
 use crate::MetadError;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use stoa_types::ClusterId;
-
-/// Holds `flock(LOCK_EX)` on `<data_dir>/LOCK` for as long as it lives. The kernel drops
-/// the lock when the process dies, so a crash never leaves a stale lock behind.
-#[derive(Debug)]
-pub(crate) struct DirLock {
-    _file: File,
-}
-
-impl DirLock {
-    pub fn acquire(dir: &Path) -> Result<DirLock, MetadError> {
-        let path = dir.join("LOCK");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|source| MetadError::Lock { path: path.clone(), source })?;
-        // SAFETY: flock only reads the descriptor, which `file` keeps open.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(MetadError::Locked { path: dir.to_path_buf() });
-            }
-            return Err(MetadError::Lock { path, source: err });
-        }
-        Ok(DirLock { _file: file })
-    }
-}
 
 /// The cluster this data directory belongs to: unknown until the cluster is created (or
 /// this replica first hears of it), then fixed and persisted in `<data_dir>/cluster_id`.
@@ -106,16 +76,6 @@ impl ClusterIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_second_lock_on_the_same_directory_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = DirLock::acquire(dir.path()).unwrap();
-        let err = DirLock::acquire(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("in use by another process"), "{err}");
-        drop(first);
-        DirLock::acquire(dir.path()).unwrap();
-    }
 
     #[test]
     fn the_cluster_id_persists_and_never_changes() {

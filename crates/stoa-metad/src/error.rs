@@ -22,3 +22,12 @@ pub enum MetadError {
     #[error("raft: {0}")]
     Raft(String),
 }
+
+impl From<stoa_datadir::DirLockError> for MetadError {
+    fn from(e: stoa_datadir::DirLockError) -> Self {
+        match e {
+            stoa_datadir::DirLockError::Busy { path } => MetadError::Locked { path },
+            stoa_datadir::DirLockError::Io { path, source } => MetadError::Lock { path, source },
+        }
+    }
+}

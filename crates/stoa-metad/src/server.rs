@@ -1,7 +1,7 @@
 //! Starting and stopping one replica: data directory, store, listener, Raft, service and
 //! the leader's tasks, in that order, and the reverse on the way down.
 
-use crate::datadir::{ClusterIdentity, DirLock};
+use crate::datadir::ClusterIdentity;
 use crate::leader::follow_leadership;
 use crate::liveness::Liveness;
 use crate::raft::{MetaRaft, Tuning};
@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
+use stoa_datadir::DirLock;
 use stoa_net::Pool;
 use stoa_types::BLOCK_SIZE_BYTES;
 use tokio::task::JoinHandle;
@@ -66,7 +67,7 @@ impl Server {
             move || -> Result<_, MetadError> {
                 std::fs::create_dir_all(&dir)
                     .map_err(|source| MetadError::DataDir { path: dir.clone(), source })?;
-                let lock = DirLock::acquire(&dir)?;
+                let lock = DirLock::acquire(&dir, "LOCK")?;
                 Ok((lock, ClusterIdentity::load(&dir)?))
             }
         })

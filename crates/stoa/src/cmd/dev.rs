@@ -19,6 +19,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use stoa_datadir::{DirLock, DirLockError};
 use stoa_fuse::MountConfig;
 use tokio::sync::watch;
 
@@ -116,25 +117,12 @@ impl Layout {
     }
 }
 
-/// Holds `flock` on `DIR/dev.lock` so that two `stoa dev` never run one cluster.
-struct DirLock {
-    _file: std::fs::File,
-}
-
+/// Holds `DIR/dev.lock` so that two `stoa dev` never run one cluster.
 fn lock_dir(dir: &Path) -> anyhow::Result<DirLock> {
-    use std::os::unix::io::AsRawFd;
-    let path = dir.join("dev.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("open {}", path.display()))?;
-    // SAFETY: flock only reads the descriptor, which `file` keeps open.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        bail!("another `stoa dev` is running on {}", dir.display());
-    }
-    Ok(DirLock { _file: file })
+    DirLock::acquire(dir, "dev.lock").map_err(|e| match e {
+        DirLockError::Busy { .. } => anyhow!("another `stoa dev` is running on {}", dir.display()),
+        other => other.into(),
+    })
 }
 
 /// One running child node.
