@@ -43,9 +43,20 @@ impl ChunkIo {
         ChunkIo { pool, session, chains, spread: AtomicUsize::new(0) }
     }
 
-    /// Writes `data` at `offset` of `chunk`, through its whole chain.
-    pub async fn write(&self, chunk: ChunkId, offset: u32, data: Bytes) -> Result<(), FsError> {
-        let op = ChunkOp::Write { chunk, offset, version: None };
+    /// Writes `data`, the bytes of `ranges` (`(offset, len)` in the chunk) back to back,
+    /// to `chunk` through its whole chain, as one new version of the chunk.
+    pub async fn write(
+        &self,
+        chunk: ChunkId,
+        mut ranges: Vec<(u32, u32)>,
+        data: Bytes,
+    ) -> Result<(), FsError> {
+        let op = match ranges.len() {
+            1 => {
+                ChunkOp::Write { chunk, offset: ranges.pop().expect("one range").0, version: None }
+            }
+            _ => ChunkOp::WriteRanges { chunk, ranges, version: None },
+        };
         self.to_head("write", chunk, op, data).await.map(|_| ())
     }
 

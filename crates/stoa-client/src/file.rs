@@ -1,13 +1,19 @@
 //! The open-file state of one inode and its write-behind pipeline.
 //!
 //! ```text
-//!  write() --> WriteBuffer (coalesces per chunk) --full/pushed out/flush--> queue
-//!                                                                            |
-//!   pump: one write in flight per chunk, so overlapping writes keep order   v
-//!   chunk write to the chain head --> CommitWrite(ino, end) on meta --> done, pump again
+//!  write() --> WriteBuffer (ranges per chunk) --full/many ranges/pushed out/flush--> queue
+//!                                           (one extent per chunk; a newer one merges in)
+//!   pump: one write in flight per chunk, so overlapping writes keep order   |
+//!   chunk write (all ranges of the chunk) to the chain head  <--------------+
+//!     --> done: slot free, pump again; end noted for the commit loop
+//!   commit loop: at most one CommitWrite(ino, furthest end) on meta in flight per file,
+//!   covering every chunk write that finished before it started
 //!
-//!  flush/fsync/close/truncate: push the buffer out, wait until nothing is queued or in
-//!  flight, report the first error; fsync then sends Sync for every chunk written.
+//!  flush/fsync/close/truncate: push the buffer out, wait until nothing is queued, in
+//!  flight or uncommitted, report the first error; fsync then sends Sync for every chunk
+//!  written.
+//!  read: bytes still buffered, queued or in flight are laid over what the chunk servers
+//!  return, so a read never waits for the write-behind.
 //! ```
 //!
 //! Backpressure: a writer waits while its file has `FILE_PENDING_MAX` chunk writes queued
@@ -15,10 +21,9 @@
 
 use crate::client::Shared;
 use crate::read::Prefetch;
-use crate::split::chunk_span;
-use crate::write_buffer::{Extent, WriteBuffer};
-use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use crate::split::{chunk_span, split};
+use crate::write_buffer::{clip, Batch, Extent, WriteBuffer};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use stoa_proto::{MetaOp, MetaResponse};
@@ -29,8 +34,12 @@ use tokio::sync::Notify;
 const FILE_PENDING_MAX: usize = 8;
 /// Bytes of chunk writes the whole client may have queued or in flight.
 pub(crate) const CLIENT_PENDING_BYTES_MAX: usize = 64 << 20;
-/// Dirty partial chunks one file buffers before the lowest is sent.
-const DIRTY_EXTENTS_MAX: usize = 4;
+/// Dirty chunks one file buffers before the lowest is sent.
+const DIRTY_CHUNKS_MAX: usize = 16;
+/// Ranges one dirty chunk collects before it is sent: a chunk write carries them all.
+const DIRTY_RANGES_MAX: usize = 256;
+/// Dirty bytes one file buffers before the lowest chunks are sent.
+const DIRTY_BYTES_MAX: usize = 16 << 20;
 
 pub(crate) struct FileState {
     pub ino: InodeId,
@@ -48,11 +57,16 @@ pub(crate) struct FileState {
 
 pub(crate) struct FileInner {
     buffer: WriteBuffer,
-    /// Extents waiting to be sent, per chunk, in the order they must land.
-    queue: BTreeMap<u64, VecDeque<Extent>>,
-    /// Chunks with a write in flight.
-    inflight: BTreeSet<u64>,
+    /// Extents waiting to be sent, one per chunk (a newer one merges into it).
+    queue: BTreeMap<u64, Extent>,
+    /// The chunk writes in flight, one per chunk at most.
+    inflight: BTreeMap<u64, Batch>,
+    /// Queued and in-flight chunk writes.
     pending: usize,
+    /// The furthest end of chunk writes that finished but are not yet committed to meta.
+    commit_end: Option<u64>,
+    /// Whether a CommitWrite of this file is in flight.
+    committing: bool,
     /// The end of the furthest write not yet known to be committed to meta; 0 when the
     /// file has nothing buffered or in flight.
     pub uncommitted_end: u64,
@@ -68,7 +82,30 @@ pub(crate) struct FileInner {
 
 impl FileInner {
     pub fn is_idle(&self) -> bool {
-        self.buffer.is_empty() && self.pending == 0
+        self.buffer.is_empty() && self.pending == 0 && self.commit_end.is_none() && !self.committing
+    }
+
+    /// The bytes of `[offset, offset + len)` this client wrote but the chunk servers may
+    /// not have yet, as `(position in the range, bytes)`: in-flight, then queued, then
+    /// buffered bytes, so that copying them in order leaves the newest on top.
+    pub fn dirty_within(&self, offset: u64, len: u64, chunk_size: u32) -> Vec<(usize, Vec<u8>)> {
+        let mut out = Vec::new();
+        for piece in split(offset, len, chunk_size) {
+            let (at, n) = (piece.offset, piece.len);
+            let mut take = |parts: &mut dyn Iterator<Item = (usize, &[u8])>| {
+                out.extend(parts.map(|(p, b)| (piece.pos + p, b.to_vec())));
+            };
+            if let Some(batch) = self.inflight.get(&piece.index) {
+                take(&mut clip(batch.ranges(), at, n));
+            }
+            if let Some(extent) = self.queue.get(&piece.index) {
+                take(&mut clip(extent.ranges(), at, n));
+            }
+            if let Some(extent) = self.buffer.get(piece.index) {
+                take(&mut clip(extent.ranges(), at, n));
+            }
+        }
+        out
     }
 
     /// Whether any chunk of `span` has data buffered, queued or in flight.
@@ -89,10 +126,17 @@ impl FileState {
         FileState {
             ino,
             inner: Mutex::new(FileInner {
-                buffer: WriteBuffer::new(chunk_size, DIRTY_EXTENTS_MAX),
+                buffer: WriteBuffer::new(
+                    chunk_size,
+                    DIRTY_CHUNKS_MAX,
+                    DIRTY_RANGES_MAX,
+                    DIRTY_BYTES_MAX,
+                ),
                 queue: BTreeMap::new(),
-                inflight: BTreeSet::new(),
+                inflight: BTreeMap::new(),
                 pending: 0,
+                commit_end: None,
+                committing: false,
                 uncommitted_end: 0,
                 error: None,
                 unsynced: BTreeSet::new(),
@@ -159,29 +203,23 @@ impl FileState {
     fn pump(self: &Arc<Self>, sh: &Arc<Shared>) {
         let mut inner = self.lock();
         let ready: Vec<u64> =
-            inner.queue.keys().filter(|k| !inner.inflight.contains(k)).copied().collect();
+            inner.queue.keys().filter(|k| !inner.inflight.contains_key(k)).copied().collect();
         for index in ready {
-            let Some(queue) = inner.queue.get_mut(&index) else { continue };
-            let Some(extent) = queue.pop_front() else { continue };
-            if queue.is_empty() {
-                inner.queue.remove(&index);
-            }
-            inner.inflight.insert(index);
+            let Some(extent) = inner.queue.remove(&index) else { continue };
+            let batch = extent.into_batch();
+            inner.inflight.insert(index, batch.clone());
             let (file, sh) = (self.clone(), sh.clone());
-            tokio::spawn(async move { file.send(sh, extent).await });
+            tokio::spawn(async move { file.send(sh, batch).await });
         }
     }
 
-    /// Writes one extent to its chain and commits the new end to meta.
-    async fn send(self: Arc<Self>, sh: Arc<Shared>, extent: Extent) {
-        let index = extent.index;
-        let end = extent.file_end(sh.chunk_size);
-        let len = extent.data.len();
+    /// Writes one chunk's batch to its chain and hands its end to the commit loop.
+    async fn send(self: Arc<Self>, sh: Arc<Shared>, batch: Batch) {
+        let index = batch.index;
+        let end = batch.file_end(sh.chunk_size);
+        let len = batch.data.len();
         let chunk = ChunkId { ino: self.ino, index };
-        let mut result = sh.io.write(chunk, extent.offset, Bytes::from(extent.data)).await;
-        if result.is_ok() {
-            result = self.commit(&sh, end).await;
-        }
+        let result = sh.io.write(chunk, batch.ranges, batch.data).await;
         {
             let mut inner = self.lock();
             inner.inflight.remove(&index);
@@ -189,32 +227,70 @@ impl FileState {
             match result {
                 Ok(()) => {
                     inner.unsynced.insert(index);
+                    inner.commit_end = Some(inner.commit_end.map_or(end, |e| e.max(end)));
                 }
                 Err(e) => {
                     tracing::warn!("write-behind of {chunk} failed: {e}");
                     inner.error.get_or_insert(e);
                 }
             }
-            if inner.is_idle() {
-                inner.uncommitted_end = 0;
-            }
+            self.settle(&mut inner);
         }
         sh.pending_bytes.fetch_sub(len, Ordering::AcqRel);
         sh.pending_changed.notify_waiters();
         self.changed.notify_waiters();
         self.pump(&sh);
+        self.start_commit(&sh);
     }
 
-    /// Tells meta that data up to `end` is written: it grows the size and sets mtime.
-    async fn commit(&self, sh: &Shared, end: u64) -> Result<(), FsError> {
-        let resp = sh.session.call(MetaOp::CommitWrite { ino: self.ino, size: end }).await?;
+    /// Forgets the local size lead once nothing is left to write or commit.
+    fn settle(&self, inner: &mut FileInner) {
+        if inner.is_idle() {
+            inner.uncommitted_end = 0;
+        }
+    }
+
+    /// Starts the commit loop unless it runs already or has nothing to do.
+    fn start_commit(self: &Arc<Self>, sh: &Arc<Shared>) {
+        {
+            let mut inner = self.lock();
+            if inner.committing || inner.commit_end.is_none() {
+                return;
+            }
+            inner.committing = true;
+        }
+        let (file, sh) = (self.clone(), sh.clone());
+        tokio::spawn(async move { file.commit_loop(&sh).await });
+    }
+
+    /// Tells meta that data up to the furthest finished end is written (it grows the
+    /// size and sets mtime), again while chunk writes keep finishing meanwhile. One
+    /// CommitWrite covers every chunk write that finished before it was sent, so meta
+    /// sees one update per round trip, not one per chunk write.
+    async fn commit_loop(self: Arc<Self>, sh: &Shared) {
+        loop {
+            let Some(end) = self.lock().commit_end.take() else { break };
+            let result = sh.session.call(MetaOp::CommitWrite { ino: self.ino, size: end }).await;
+            let mut inner = self.lock();
+            match result {
+                Ok(resp) => {
+                    let size = match resp {
+                        MetaResponse::Attr(attr) => attr.size,
+                        _ => end,
+                    };
+                    inner.meta_size = Some(inner.meta_size.map_or(size, |s| s.max(size)));
+                }
+                Err(e) => {
+                    tracing::warn!("committing writes of inode {} failed: {e}", self.ino);
+                    inner.error.get_or_insert(e);
+                }
+            }
+        }
         let mut inner = self.lock();
-        let size = match resp {
-            MetaResponse::Attr(attr) => attr.size,
-            _ => end,
-        };
-        inner.meta_size = Some(inner.meta_size.map_or(size, |s| s.max(size)));
-        Ok(())
+        inner.committing = false;
+        self.settle(&mut inner);
+        drop(inner);
+        self.changed.notify_waiters();
     }
 
     /// Sends everything buffered, waits for every write in flight, and reports the first
@@ -229,22 +305,6 @@ impl FileState {
         self.pump(sh);
         self.wait_until(|inner| inner.is_idle()).await;
         self.lock().error.take().map_or(Ok(()), Err)
-    }
-
-    /// Sends and waits for the writes to chunks `span` only (before reading them).
-    pub async fn flush_span(self: &Arc<Self>, sh: &Arc<Shared>, span: std::ops::Range<u64>) {
-        {
-            let mut inner = self.lock();
-            for extent in inner.buffer.take_span(span.clone()) {
-                enqueue(&mut inner, sh, extent);
-            }
-        }
-        self.pump(sh);
-        self.wait_until(|inner| {
-            inner.queue.range(span.clone()).next().is_none()
-                && inner.inflight.range(span.clone()).next().is_none()
-        })
-        .await;
     }
 
     /// Flushes, then makes every chunk written since the last fsync durable on every
@@ -309,8 +369,20 @@ impl FileState {
     }
 }
 
+/// Queues `extent` to be sent, merging it into the chunk's queued extent if there is one.
 fn enqueue(inner: &mut FileInner, sh: &Shared, extent: Extent) {
-    sh.pending_bytes.fetch_add(extent.data.len(), Ordering::AcqRel);
-    inner.pending += 1;
-    inner.queue.entry(extent.index).or_default().push_back(extent);
+    let (before, after) = match inner.queue.get_mut(&extent.index) {
+        Some(queued) => {
+            let before = queued.bytes();
+            queued.absorb(extent);
+            (before, queued.bytes())
+        }
+        None => {
+            inner.pending += 1;
+            let bytes = extent.bytes();
+            inner.queue.insert(extent.index, extent);
+            (0, bytes)
+        }
+    };
+    sh.pending_bytes.fetch_add(after - before, Ordering::AcqRel);
 }

@@ -2,10 +2,16 @@
 //!
 //! ```text
 //!  read(offset, len) -> size known? (else GetAttr) -> clip to size
-//!     -> dirty chunks in range? flush them first
+//!     -> note this client's bytes not yet on the chunk servers (buffered, queued, in
+//!        flight) in range
 //!     -> per chunk piece: a fresh prefetched chunk that covers it, or a chunk read from
 //!        any replica -> missing tail bytes are zeros (a hole)
+//!     -> lay the noted bytes over it
 //! ```
+//!
+//! The dirty bytes are noted before the chunk servers are asked, so a write that lands
+//! on them meanwhile is in the answer or in the note, never in neither. A read of dirty
+//! bytes therefore never waits for the write-behind.
 //!
 //! Readahead fetches whole chunks ahead of a sequential reader into a small per-file
 //! cache. Entries live about a second, the attribute TTL, and one that is shorter than
@@ -86,16 +92,20 @@ impl FileState {
             return Ok(Vec::new());
         }
         let end = (offset + u64::from(len)).min(size);
-        let span = chunk_span(offset, end, sh.chunk_size);
-        if self.lock().is_dirty(span.clone()) {
-            self.flush_span(sh, span).await;
-        }
+        let dirty = {
+            let inner = self.lock();
+            let dirty = inner.is_dirty(chunk_span(offset, end, sh.chunk_size));
+            dirty.then(|| inner.dirty_within(offset, end - offset, sh.chunk_size))
+        };
         self.prefetch(sh, ahead, size);
         let mut out = vec![0u8; (end - offset) as usize];
         for piece in split(offset, end - offset, sh.chunk_size) {
             let data = self.read_piece(sh, piece).await?;
             let n = data.len().min(piece.len as usize);
             out[piece.pos..piece.pos + n].copy_from_slice(&data[..n]);
+        }
+        for (pos, bytes) in dirty.into_iter().flatten() {
+            out[pos..pos + bytes.len()].copy_from_slice(&bytes);
         }
         Ok(out)
     }

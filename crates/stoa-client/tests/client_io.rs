@@ -54,6 +54,40 @@ async fn written_data_reads_back_across_chunk_boundaries() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_random_writes_read_back_at_once_and_travel_batched() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"random").await;
+    let fh = client.open(ino).await.unwrap();
+    let size = 8 * CHUNK as usize;
+    let mut model = vec![0u8; size];
+    client.write(fh, 0, &model).await.unwrap();
+    client.flush(fh).await.unwrap();
+    let before = cluster.state.lock().unwrap().chunk_writes;
+    // A fixed linear congruential sequence: the same offsets every run.
+    let mut x: u64 = 12345;
+    let writes = 2000;
+    for i in 0..writes {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let offset = (x >> 33) as usize % (size - 700);
+        let piece = pattern(1 + (x >> 20) as usize % 700, i as u8);
+        client.write(fh, offset as u64, &piece).await.unwrap();
+        model[offset..offset + piece.len()].copy_from_slice(&piece);
+        if i % 100 == 0 {
+            // Reads see the writes still buffered, queued or in flight.
+            let at = (x >> 40) as usize % (size - 5000);
+            let got = client.read(fh, at as u64, 5000).await.unwrap();
+            assert!(got == model[at..at + 5000], "read at {at} after write {i} differs");
+        }
+    }
+    client.flush(fh).await.unwrap();
+    let sent = cluster.state.lock().unwrap().chunk_writes - before;
+    assert!(sent < writes / 4, "{writes} small writes took {sent} chunk writes");
+    let back = client.read(fh, 0, size as u32).await.unwrap();
+    assert!(back == model, "data differs after the flush");
+    client.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holes_read_as_zeros_and_reads_stop_at_the_end() {
     let (_cluster, client) = setup().await;
     let ino = new_file(&client, b"sparse").await;

@@ -29,6 +29,11 @@ const MAX_WRITE_BYTES: u32 = 1 << 20;
 const MAX_READAHEAD_BYTES: u32 = 4 << 20;
 /// Background requests (readahead, async writes) the kernel keeps in flight.
 const MAX_BACKGROUND: u16 = 64;
+/// File capabilities are not supported (setting one is `EOPNOTSUPP`), like GlusterFS and
+/// JuiceFS by default: the kernel asks for this xattr before every write(2) to decide
+/// whether to drop it, and answering from here instead of meta saves a meta round trip
+/// per write. No file can have one, so the answer is always true.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// The kernel side of the mount, for telling it to drop cached pages and attributes.
 /// Set once the session exists, which is after this filesystem is built.
@@ -137,6 +142,9 @@ impl Filesystem for StoaFs {
         let _ = config.set_max_background(MAX_BACKGROUND);
         // Lookups and listings of one directory may run in parallel: meta orders them.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // O_DIRECT requests of an asynchronous submitter (libaio, io_uring) reach us
+        // together, not one after another, so a queue depth of 64 means 64 in flight.
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         // Without these the kernel keeps fcntl and flock locks to this machine; with them
         // every lock goes to meta and holds across the cluster.
         if let Err(missing) =
@@ -541,6 +549,9 @@ impl Filesystem for StoaFs {
         reply: ReplyEmpty,
     ) {
         let (name, value) = (bytes(name), value.to_vec());
+        if name == CAPABILITY_XATTR {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         self.spawn(|c| async move {
             let r = c.setxattr(ino(i), &name, &value, flags as u32).await;
             reply_empty(reply, "setxattr", r);
@@ -549,6 +560,9 @@ impl Filesystem for StoaFs {
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = bytes(name);
+        if name == CAPABILITY_XATTR {
+            return reply.error(Errno::ENODATA);
+        }
         self.spawn(|c| async move { reply_xattr(reply, size, c.getxattr(ino(i), &name).await) });
     }
 

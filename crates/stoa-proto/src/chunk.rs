@@ -39,6 +39,11 @@ pub enum ChunkOp {
     /// has `version` or newer. A chain member sends it down the chain when its successor
     /// reports a version gap (it missed a write), and a resync uses it to copy a chunk.
     Install { chunk: ChunkId, version: u64 },
+    /// Writes several ranges of one chunk as one new version: the payload holds the
+    /// ranges' bytes back to back, `ranges` their `(offset, len)` in the order they are
+    /// applied. Replicated like `Write`, so many small writes to one chunk cost one pass
+    /// down the chain.
+    WriteRanges { chunk: ChunkId, ranges: Vec<(u32, u32)>, version: Option<u64> },
 }
 
 impl ChunkOp {
@@ -46,6 +51,7 @@ impl ChunkOp {
     pub fn chunk(&self) -> Option<ChunkId> {
         match self {
             ChunkOp::Write { chunk, .. }
+            | ChunkOp::WriteRanges { chunk, .. }
             | ChunkOp::Read { chunk, .. }
             | ChunkOp::Truncate { chunk, .. }
             | ChunkOp::FetchChunk { chunk }

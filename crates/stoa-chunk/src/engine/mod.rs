@@ -209,7 +209,32 @@ impl Engine {
         data: &[u8],
         version: Option<u64>,
     ) -> Result<Outcome, FsError> {
-        check_extent(chunk, u64::from(offset) + data.len() as u64)?;
+        let len = u32::try_from(data.len()).map_err(|_| {
+            FsError::Invalid(format!("chunk {chunk}: a write of {} bytes", data.len()))
+        })?;
+        self.write_ranges(chunk, &[(offset, len)], data, version)
+    }
+
+    /// Writes several ranges as one version, like [`Engine::write`]: `data` holds the
+    /// bytes of `ranges` (`(offset, len)`) back to back; they are applied in order, so a
+    /// later range wins where two overlap. One header update covers them all.
+    pub fn write_ranges(
+        &self,
+        chunk: ChunkId,
+        ranges: &[(u32, u32)],
+        data: &[u8],
+        version: Option<u64>,
+    ) -> Result<Outcome, FsError> {
+        let total: u64 = ranges.iter().map(|&(_, len)| u64::from(len)).sum();
+        if total != data.len() as u64 {
+            return Err(FsError::Invalid(format!(
+                "chunk {chunk}: ranges hold {total} bytes but {} came",
+                data.len()
+            )));
+        }
+        for &(offset, len) in ranges {
+            check_extent(chunk, u64::from(offset) + u64::from(len))?;
+        }
         let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
         let local = self.load(chunk)?;
         let Some(next) = admit(&local, chunk, version)? else {
@@ -220,10 +245,16 @@ impl Engine {
             _ => Header::empty(chunk),
         };
         let paths = self.paths(chunk);
-        self.write_blocks(&paths, &mut header, offset as usize, data).map_err(|e| match e {
-            FsError::Checksum(_) if version.is_some() => FsError::Stale,
-            e => e,
-        })?;
+        let file = create_data(&paths)?;
+        let mut pos = 0usize;
+        for &(offset, len) in ranges {
+            let bytes = &data[pos..pos + len as usize];
+            pos += len as usize;
+            write_blocks(&file, &mut header, offset as usize, bytes).map_err(|e| match e {
+                FsError::Checksum(_) if version.is_some() => FsError::Stale,
+                e => e,
+            })?;
+        }
         header.version = next;
         save_header(&paths, &header)?;
         Ok(Outcome::Applied(next))
@@ -272,7 +303,7 @@ impl Engine {
         let new_len = len as usize;
         if new_len > old_len {
             let zeros = vec![0u8; new_len - old_len];
-            self.write_blocks(&paths, &mut header, old_len, &zeros)?;
+            write_blocks(&create_data(&paths)?, &mut header, old_len, &zeros)?;
         } else if new_len < old_len {
             self.shrink_header(chunk, &paths, &mut header, new_len)?;
         }
@@ -323,22 +354,35 @@ impl Engine {
     /// Makes the chunk's data, header and directory entry durable. A missing chunk
     /// syncs its directory, so that a removal is durable too.
     pub fn sync(&self, chunk: ChunkId) -> Result<(), FsError> {
-        let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
-        let paths = self.paths(chunk);
-        let what = || format!("sync chunk {chunk}");
-        for (path, data_only) in [(&paths.data, true), (&paths.header, false)] {
-            match File::open(path) {
-                Ok(f) if data_only => f.sync_data().map_err(|e| io_err(what(), e))?,
-                Ok(f) => f.sync_all().map_err(|e| io_err(what(), e))?,
+        self.sync_all(&[chunk])
+    }
+
+    /// [`Engine::sync`] of every chunk of `chunks`, flushing each directory that holds
+    /// any of them once, after all their files.
+    pub fn sync_all(&self, chunks: &[ChunkId]) -> Result<(), FsError> {
+        let mut dirs = std::collections::BTreeSet::new();
+        for &chunk in chunks {
+            let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+            let paths = self.paths(chunk);
+            let what = || format!("sync chunk {chunk}");
+            for (path, data_only) in [(&paths.data, true), (&paths.header, false)] {
+                match File::open(path) {
+                    Ok(f) if data_only => f.sync_data().map_err(|e| io_err(what(), e))?,
+                    Ok(f) => f.sync_all().map_err(|e| io_err(what(), e))?,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err(what(), e)),
+                }
+            }
+            dirs.insert(paths.dir);
+        }
+        for dir in dirs {
+            match File::open(&dir) {
+                Ok(d) => d.sync_all().map_err(|e| io_err(format!("sync {}", dir.display()), e))?,
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(what(), e)),
+                Err(e) => return Err(io_err(format!("sync {}", dir.display()), e)),
             }
         }
-        match File::open(&paths.dir) {
-            Ok(d) => d.sync_all().map_err(|e| io_err(what(), e)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err(what(), e)),
-        }
+        Ok(())
     }
 
     /// Every chunk held, with its version (0 for a damaged header, so that a resync
@@ -443,53 +487,6 @@ impl Engine {
         Ok(buf)
     }
 
-    /// Writes `data` at `offset` into the data file and updates `header`'s length and
-    /// CRCs. Whole blocks are written: partial blocks at either end are read (and
-    /// checked) first, and the gap between the old end and `offset` is written as zeros,
-    /// so that a hole never depends on what a crashed earlier write left past the end.
-    fn write_blocks(
-        &self,
-        paths: &Paths,
-        header: &mut Header,
-        offset: usize,
-        data: &[u8],
-    ) -> Result<(), FsError> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let chunk = header.chunk;
-        let old_len = header.len as usize;
-        let end = offset + data.len();
-        let new_len = old_len.max(end);
-        let start = offset.min(old_len) / BLOCK * BLOCK;
-        let stop = (end.div_ceil(BLOCK) * BLOCK).min(new_len);
-        let mut buf = vec![0u8; stop - start];
-        std::fs::create_dir_all(&paths.dir)
-            .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
-        let file = open_data(paths, true)?;
-        let mut edges = vec![start / BLOCK, (stop - 1) / BLOCK];
-        edges.dedup();
-        for block in edges {
-            let block_start = block * BLOCK;
-            let old_stop = (block_start + BLOCK).min(old_len);
-            let overwritten = offset <= block_start && end >= (block_start + BLOCK).min(new_len);
-            if block_start >= old_len || overwritten {
-                continue;
-            }
-            let old = &mut buf[block_start - start..old_stop - start];
-            read_at(&file, chunk, old, block_start)?;
-            check_block(chunk, header, block, old)?;
-        }
-        buf[offset - start..end - start].copy_from_slice(data);
-        file.write_all_at(&buf, start as u64).map_err(|e| io_err(format!("write {chunk}"), e))?;
-        header.crcs.resize(new_len.div_ceil(BLOCK), 0);
-        for (i, block) in buf.chunks(BLOCK).enumerate() {
-            header.crcs[start / BLOCK + i] = crc32c::crc32c(block);
-        }
-        header.len = new_len as u32;
-        Ok(())
-    }
-
     /// Shortens `header` to `new_len` (> 0), re-checksumming the new last block.
     fn shrink_header(
         &self,
@@ -511,6 +508,56 @@ impl Engine {
         header.len = new_len as u32;
         Ok(())
     }
+}
+
+/// Writes `data` at `offset` into the chunk's data `file` and updates `header`'s length
+/// and CRCs. Whole blocks are written: partial blocks at either end are read (and
+/// checked) first, and the gap between the old end and `offset` is written as zeros, so
+/// that a hole never depends on what a crashed earlier write left past the end.
+fn write_blocks(
+    file: &File,
+    header: &mut Header,
+    offset: usize,
+    data: &[u8],
+) -> Result<(), FsError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let chunk = header.chunk;
+    let old_len = header.len as usize;
+    let end = offset + data.len();
+    let new_len = old_len.max(end);
+    let start = offset.min(old_len) / BLOCK * BLOCK;
+    let stop = (end.div_ceil(BLOCK) * BLOCK).min(new_len);
+    let mut buf = vec![0u8; stop - start];
+    let mut edges = vec![start / BLOCK, (stop - 1) / BLOCK];
+    edges.dedup();
+    for block in edges {
+        let block_start = block * BLOCK;
+        let old_stop = (block_start + BLOCK).min(old_len);
+        let overwritten = offset <= block_start && end >= (block_start + BLOCK).min(new_len);
+        if block_start >= old_len || overwritten {
+            continue;
+        }
+        let old = &mut buf[block_start - start..old_stop - start];
+        read_at(file, chunk, old, block_start)?;
+        check_block(chunk, header, block, old)?;
+    }
+    buf[offset - start..end - start].copy_from_slice(data);
+    file.write_all_at(&buf, start as u64).map_err(|e| io_err(format!("write {chunk}"), e))?;
+    header.crcs.resize(new_len.div_ceil(BLOCK), 0);
+    for (i, block) in buf.chunks(BLOCK).enumerate() {
+        header.crcs[start / BLOCK + i] = crc32c::crc32c(block);
+    }
+    header.len = new_len as u32;
+    Ok(())
+}
+
+/// Opens the chunk's data file for writing, creating it and its directory if needed.
+fn create_data(paths: &Paths) -> Result<File, FsError> {
+    std::fs::create_dir_all(&paths.dir)
+        .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
+    open_data(paths, true)
 }
 
 fn check_extent(chunk: ChunkId, end: u64) -> Result<(), FsError> {

@@ -48,6 +48,26 @@ fn partial_block_writes_keep_their_neighbours() {
 }
 
 #[test]
+fn ranges_apply_in_order_as_one_version() {
+    let (_d, e) = engine();
+    let mut model = vec![5u8; 9000];
+    e.write(id(1), 0, &model, None).unwrap();
+    let ranges = [(4090u32, 10u32), (100, 3), (4095, 2), (12_000, 4)];
+    let data: Vec<u8> = [&[1u8; 10][..], &[2u8; 3], &[3u8; 2], &[4u8; 4]].concat();
+    assert_eq!(e.write_ranges(id(1), &ranges, &data, None).unwrap(), Outcome::Applied(2));
+    model[4090..4100].fill(1);
+    model[100..103].fill(2);
+    model[4095..4097].fill(3);
+    model.resize(12_004, 0);
+    model[12_000..].fill(4);
+    assert_eq!(e.read(id(1), 0, 20_000).unwrap(), model);
+    e.verify(id(1)).unwrap();
+    let short = e.write_ranges(id(1), &[(0, 8)], b"abc", None);
+    assert!(matches!(short, Err(FsError::Invalid(_))), "{short:?}");
+    assert_eq!(e.version(id(1)).unwrap(), 2);
+}
+
+#[test]
 fn a_write_past_the_end_leaves_a_hole_of_zeros() {
     let (_d, e) = engine();
     e.write(id(2), 0, b"abc", None).unwrap();

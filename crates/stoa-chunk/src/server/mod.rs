@@ -231,10 +231,8 @@ impl Server {
                 let data = self.disk(move |e| e.read(chunk, offset, len)).await;
                 Ok((ChunkResponse::Data, Bytes::from(self.checked(chunk, data)?)))
             }
-            ChunkOp::Write { chunk, offset, version } => {
-                let version = self
-                    .mutate(&chain, chunk, ChunkOp::Write { chunk, offset, version }, payload)
-                    .await?;
+            op @ (ChunkOp::Write { chunk, .. } | ChunkOp::WriteRanges { chunk, .. }) => {
+                let version = self.mutate(&chain, chunk, op, payload).await?;
                 Ok((ChunkResponse::Written { version }, none))
             }
             ChunkOp::Truncate { chunk, len, version } => {
@@ -269,10 +267,11 @@ impl Server {
 
     fn check_role(&self, chain: &Chain, op: &ChunkOp) -> Result<(), FsError> {
         let role = match op {
-            ChunkOp::Write { version: None, .. } | ChunkOp::Truncate { version: None, .. } => {
-                Role::Head
-            }
+            ChunkOp::Write { version: None, .. }
+            | ChunkOp::WriteRanges { version: None, .. }
+            | ChunkOp::Truncate { version: None, .. } => Role::Head,
             ChunkOp::Write { .. }
+            | ChunkOp::WriteRanges { .. }
             | ChunkOp::Truncate { .. }
             | ChunkOp::Install { .. }
             | ChunkOp::Sync { .. } => Role::WritePath,
@@ -316,15 +315,29 @@ impl Server {
             .collect())
     }
 
-    /// Makes `chunks` durable here, then on the rest of the chain.
+    /// Makes `chunks` durable here and on the rest of the chain; answers when both are
+    /// done. The local flush and the rest of the chain run at the same time: the writes
+    /// being made durable were acknowledged by every server already, so no order between
+    /// the servers' flushes matters, only that all of them finished.
     async fn sync(&self, chain: &Chain, chunks: Vec<ChunkId>) -> Result<(), FsError> {
+        let successor = self.successor(chain)?;
         let local = chunks.clone();
-        self.disk(move |e| local.iter().try_for_each(|c| e.sync(*c))).await?;
-        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
-        if let Some(addr) = self.successor(chain)? {
-            self.call_peer(addr, chain, ChunkOp::Sync { chunks }, Bytes::new()).await?;
-        }
-        Ok(())
+        let here = async {
+            self.disk(move |e| e.sync_all(&local)).await?;
+            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        let rest = async {
+            match successor {
+                Some(addr) => {
+                    let op = ChunkOp::Sync { chunks };
+                    self.call_peer(addr, chain, op, Bytes::new()).await.map(|_| ())
+                }
+                None => Ok(()),
+            }
+        };
+        let (here, rest) = tokio::join!(here, rest);
+        here.and(rest)
     }
 
     /// The address of the server after this one on the chain's write path, if any.

@@ -36,6 +36,10 @@ impl Server {
                     e.check_space(data.len() as u64, reserve)?;
                     e.write(chunk, offset, &data, version)
                 }
+                ChunkOp::WriteRanges { ranges, version, .. } => {
+                    e.check_space(data.len() as u64, reserve)?;
+                    e.write_ranges(chunk, &ranges, &data, version)
+                }
                 // Cutting to 0 deletes, which must work on a full disk to free it.
                 ChunkOp::Truncate { len, version, .. } => {
                     if len > 0 {
@@ -53,6 +57,9 @@ impl Server {
             ChunkOp::Write { chunk, offset, version: ours } => {
                 ChunkOp::Write { chunk, offset, version: Some(ours.unwrap_or(version)) }
             }
+            ChunkOp::WriteRanges { chunk, ranges, version: ours } => {
+                ChunkOp::WriteRanges { chunk, ranges, version: Some(ours.unwrap_or(version)) }
+            }
             ChunkOp::Truncate { chunk, len, version: ours } => {
                 ChunkOp::Truncate { chunk, len, version: Some(ours.unwrap_or(version)) }
             }
@@ -66,9 +73,9 @@ impl Server {
     /// further down (see `Limits::reserve_bytes`).
     pub(super) fn reserve_for(&self, op: &ChunkOp) -> u64 {
         match op {
-            ChunkOp::Write { version: None, .. } | ChunkOp::Truncate { version: None, .. } => {
-                self.limits.reserve_bytes
-            }
+            ChunkOp::Write { version: None, .. }
+            | ChunkOp::WriteRanges { version: None, .. }
+            | ChunkOp::Truncate { version: None, .. } => self.limits.reserve_bytes,
             _ => self.limits.reserve_bytes / 2,
         }
     }

@@ -284,6 +284,35 @@ async fn a_retried_write_is_idempotent_and_truncate_replicates() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_ranges_of_a_chunk_replicate_as_one_version() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        c.write(&chain, chunk(0), 0, &[1u8; 12_288]).await;
+        let ranges = vec![(0, 2), (8_192, 4_096), (20_000, 3)];
+        let op = ChunkOp::WriteRanges { chunk: chunk(0), ranges, version: None };
+        let payload: Vec<u8> = [&b"ab"[..], &[9u8; 4_096], b"xyz"].concat();
+        let (resp, _) = c.call(0, &chain, op, &payload).await.unwrap();
+        assert_eq!(resp, ChunkResponse::Written { version: 2 });
+        let mut want = vec![1u8; 12_288];
+        want[..2].copy_from_slice(b"ab");
+        want[8_192..].fill(9);
+        want.resize(20_003, 0);
+        want[20_000..].copy_from_slice(b"xyz");
+        for i in 0..3 {
+            assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), want, "replica {i}");
+            assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 2);
+        }
+        // Ranges that do not add up to the payload are refused before anything changes.
+        let bad = ChunkOp::WriteRanges { chunk: chunk(0), ranges: vec![(0, 5)], version: None };
+        let err = c.call(0, &chain, bad, b"abc").await;
+        assert!(matches!(err, Err(FsError::Invalid(_))), "{err:?}");
+        assert_eq!(c.server(0).server.engine.version(chunk(0)).unwrap(), 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_chain_version_is_refused() {
     bounded(async {
         let c = Cluster::start().await;

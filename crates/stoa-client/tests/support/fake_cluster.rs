@@ -29,6 +29,8 @@ pub struct State {
     pub sessions: u64,
     pub expired: std::collections::HashSet<u64>,
     pub synced: Vec<ChunkId>,
+    /// Chunk writes (`Write` and `WriteRanges`) answered.
+    pub chunk_writes: u64,
     answered: HashMap<(u64, u64), Reply>,
     next_ino: u64,
 }
@@ -267,23 +269,42 @@ impl Handler {
         Ok(MetaResponse::Attr(a))
     }
 
+    fn write_ranges(
+        &self,
+        st: &mut State,
+        chunk: ChunkId,
+        ranges: Vec<(u32, u32)>,
+        payload: Bytes,
+    ) -> (Reply, Bytes) {
+        let busy = self.busy_writes.load(Ordering::SeqCst);
+        if busy > 0 {
+            self.busy_writes.store(busy - 1, Ordering::SeqCst);
+            return (Err(FsError::Busy), Bytes::new());
+        }
+        st.chunk_writes += 1;
+        let data = st.chunks.entry(chunk).or_default();
+        let mut pos = 0usize;
+        for (offset, len) in ranges {
+            let (offset, len) = (offset as usize, len as usize);
+            if data.len() < offset + len {
+                data.resize(offset + len, 0);
+            }
+            data[offset..offset + len].copy_from_slice(&payload[pos..pos + len]);
+            pos += len;
+        }
+        (Ok(Response::Chunk(ChunkResponse::Written { version: 1 })), Bytes::new())
+    }
+
     fn chunk(&self, req: ChunkRequest, payload: Bytes) -> (Reply, Bytes) {
         let mut st = self.state.lock().unwrap();
         let done = |r: ChunkResponse| Ok(Response::Chunk(r));
         match req.op {
             ChunkOp::Write { chunk, offset, .. } => {
-                let busy = self.busy_writes.load(Ordering::SeqCst);
-                if busy > 0 {
-                    self.busy_writes.store(busy - 1, Ordering::SeqCst);
-                    return (Err(FsError::Busy), Bytes::new());
-                }
-                let data = st.chunks.entry(chunk).or_default();
-                let end = offset as usize + payload.len();
-                if data.len() < end {
-                    data.resize(end, 0);
-                }
-                data[offset as usize..end].copy_from_slice(&payload);
-                (done(ChunkResponse::Written { version: 1 }), Bytes::new())
+                let ranges = vec![(offset, payload.len() as u32)];
+                self.write_ranges(&mut st, chunk, ranges, payload)
+            }
+            ChunkOp::WriteRanges { chunk, ranges, .. } => {
+                self.write_ranges(&mut st, chunk, ranges, payload)
             }
             ChunkOp::Read { chunk, offset, len } => {
                 let data = st.chunks.get(&chunk).map(|d| {
