@@ -3,6 +3,7 @@
 use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::file::FileState;
+use crate::namespace::Owner;
 use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
 use std::collections::{HashMap, HashSet};
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_net::Pool;
 use stoa_proto::MetaOp;
-use stoa_types::{Attr, FsError, InodeId, SessionId};
+use stoa_types::{validate_name, Attr, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
 
 /// Where the cluster is and what this client calls itself.
@@ -119,10 +120,49 @@ impl Client {
                 return Err(e);
             }
         };
+        Ok(self.add_handle(file, session))
+    }
+
+    /// Creates a regular file and opens it, in one meta call (`CreateOpen`): one log
+    /// entry for `open(O_CREAT)` of a new file instead of a create and an open.
+    pub async fn create_open(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        owner: Owner,
+    ) -> Result<(Attr, FileHandle), FsError> {
+        validate_name(name)?;
+        let op = MetaOp::CreateOpen {
+            parent,
+            name: name.to_vec(),
+            perm,
+            uid: owner.uid,
+            gid: owner.gid,
+        };
+        let attr = self.sh.session.call_attr(op).await?;
+        let file = self.sh.file(attr.ino);
+        let session = {
+            let mut meta_open = file.meta_open.lock().await;
+            // The call may have moved to a new session if meta expired the old one.
+            let current = self.sh.session.id();
+            match &mut *meta_open {
+                // Another handle of this client got here first (an open by name right
+                // after the create): meta has one open per session, so count this one.
+                Some((session, handles)) if *session == current => *handles += 1,
+                _ => *meta_open = Some((current, 1)),
+            }
+            file.lock().opens += 1;
+            current
+        };
+        Ok((attr, self.add_handle(file, session)))
+    }
+
+    fn add_handle(&self, file: Arc<FileState>, session: SessionId) -> FileHandle {
         let fh = self.sh.next_handle.fetch_add(1, Ordering::Relaxed);
         let handle = OpenHandle { file, readahead: Mutex::new(Readahead::default()), session };
         self.sh.handles.lock().expect("handles lock poisoned").insert(fh, Arc::new(handle));
-        Ok(FileHandle(fh))
+        FileHandle(fh)
     }
 
     /// Counts one more handle of `file`, telling meta if it is the first in the current
@@ -131,6 +171,8 @@ impl Client {
         let mut meta_open = file.meta_open.lock().await;
         let current = self.sh.session.id();
         match &mut *meta_open {
+            // Also when no handle is left but the release has not reached meta yet: the
+            // release then finds a handle and is not sent.
             Some((session, handles)) if *session == current => *handles += 1,
             _ => {
                 self.sh.session.call_done(MetaOp::Open { ino: file.ino }).await?;
@@ -144,40 +186,53 @@ impl Client {
 
     /// Closes a handle: flushes its file and reports the first write error. The last
     /// handle of a file tells meta, which deletes the file if it has no names left and
-    /// nobody else has it open. A handle of an expired session answers `EIO`.
+    /// nobody else has it open; that call is made in the background, off the close's
+    /// critical path. A handle of an expired session answers `EIO`.
     pub async fn release(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handles.lock().expect("handles lock poisoned").remove(&fh.0);
         let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
         let file = handle.file.clone();
         let flushed = file.flush(&self.sh).await;
-        {
+        let last = {
             let mut meta_open = file.meta_open.lock().await;
             file.lock().opens -= 1;
-            if let Some((session, handles)) = &mut *meta_open {
-                if *session == handle.session {
+            match &mut *meta_open {
+                Some((session, handles)) if *session == handle.session => {
                     *handles -= 1;
-                    if *handles == 0 {
-                        let session = *session;
-                        *meta_open = None;
-                        self.release_in_meta(session, file.ino).await;
-                    }
+                    *handles == 0
                 }
+                _ => false,
             }
+        };
+        if last {
+            let client = self.clone();
+            tokio::spawn(async move { client.release_in_meta(file).await });
+        } else {
+            self.sh.forget_if_unused(file.ino);
         }
-        self.sh.forget_if_unused(file.ino);
         if handle.session != self.sh.session.id() {
             return Err(expired_handle());
         }
         flushed
     }
 
-    /// Tells meta that `session` closed `ino`. A failure is logged, not returned: the
-    /// application's close succeeded, and meta releases the file when the session ends.
-    async fn release_in_meta(&self, session: SessionId, ino: InodeId) {
-        match self.sh.session.call_in(session, MetaOp::Release { ino }).await {
-            Ok(_) | Err(FsError::SessionExpired) => {}
-            Err(e) => tracing::warn!("releasing inode {ino} at meta failed: {e}"),
+    /// Tells meta that this client closed its last handle of `file`, unless it opened
+    /// the file again meanwhile (then meta's open simply continues). The file's
+    /// `meta_open` lock is held across the call, so an open and a release never cross.
+    /// A failure is logged, not returned: the application's close succeeded, and meta
+    /// releases the file when the session ends.
+    async fn release_in_meta(&self, file: Arc<FileState>) {
+        {
+            let mut meta_open = file.meta_open.lock().await;
+            if let Some((session, 0)) = *meta_open {
+                match self.sh.session.call_in(session, MetaOp::Release { ino: file.ino }).await {
+                    Ok(_) | Err(FsError::SessionExpired) => {}
+                    Err(e) => tracing::warn!("releasing inode {} at meta failed: {e}", file.ino),
+                }
+                *meta_open = None;
+            }
         }
+        self.sh.forget_if_unused(file.ino);
     }
 
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
@@ -266,8 +321,11 @@ impl Shared {
     pub fn forget_if_unused(&self, ino: InodeId) {
         let mut files = self.files.lock().expect("files lock poisoned");
         let unused = files.get(&ino).is_some_and(|f| {
+            // A release still on its way to meta keeps the state: a new open must see
+            // it, or its Open could cross that Release.
+            let released = f.meta_open.try_lock().is_ok_and(|m| m.is_none());
             let inner = f.lock();
-            inner.opens == 0 && inner.is_idle()
+            inner.opens == 0 && inner.is_idle() && released
         });
         if unused {
             files.remove(&ino);

@@ -145,6 +145,12 @@ async fn an_unlinked_open_file_is_purged_on_last_close() {
     client.unlink(InodeId::ROOT, b"orphan").await.unwrap();
     assert_eq!(client.read(fh, 0, 100).await.unwrap(), b"still here");
     client.release(fh).await.unwrap();
+    // Meta hears of the last close in the background, off the close's critical path.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while cluster.state.lock().unwrap().purged.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the release never reached meta");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert_eq!(cluster.state.lock().unwrap().purged, vec![ino.0]);
 }
 

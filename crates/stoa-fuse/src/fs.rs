@@ -606,14 +606,20 @@ impl Filesystem for StoaFs {
         let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         let (name, owner) = (bytes(name), owner(req));
         self.spawn(|c| async move {
-            match c.create(ino(parent), &name, kind, perm(mode, umask), owner, 0).await {
-                Ok(attr) => match c.open(attr.ino).await {
-                    Ok(handle) => {
-                        let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
-                        reply.created(&TTL, &fa, Generation(0), h, FopenFlags::empty());
-                    }
-                    Err(e) => reply.error(fail("create", &e)),
-                },
+            // A regular file is created and opened in one meta call (one log entry).
+            let opened = if kind == FileKind::File {
+                c.create_open(ino(parent), &name, perm(mode, umask), owner).await
+            } else {
+                match c.create(ino(parent), &name, kind, perm(mode, umask), owner, 0).await {
+                    Ok(attr) => c.open(attr.ino).await.map(|handle| (attr, handle)),
+                    Err(e) => Err(e),
+                }
+            };
+            match opened {
+                Ok((attr, handle)) => {
+                    let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
+                    reply.created(&TTL, &fa, Generation(0), h, FopenFlags::empty());
+                }
                 Err(e) => reply.error(fail("create", &e)),
             }
         });

@@ -199,6 +199,16 @@ pub enum MetaOp {
     RemoveReplica {
         id: NodeId,
     },
+    /// Creates a regular file and opens it in the caller's session, in one log entry
+    /// (`open(O_CREAT)` of a new file: [`MetaOp::Create`] then [`MetaOp::Open`]).
+    /// Answered with [`MetaResponse::Attr`].
+    CreateOpen {
+        parent: InodeId,
+        name: Vec<u8>,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+    },
 }
 
 /// Who holds a lock: a process (POSIX locks) or an open file (OFD and flock locks) of

@@ -8,7 +8,7 @@ use crate::store::{
     InodeRec,
 };
 use stoa_proto::MetaResponse;
-use stoa_types::{Attr, FileKind, FsError, InodeId, Timestamp, PATH_LEN_MAX};
+use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp, PATH_LEN_MAX};
 
 /// Who creates what, with which permissions.
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +32,21 @@ pub(crate) fn create(
         return Err(FsError::Invalid(format!("create cannot make a {:?}", new.kind)));
     }
     let rec = add_inode(kv, parent, name, new, 0, now)?;
+    Ok(MetaResponse::Attr(rec.attr))
+}
+
+/// Creates a regular file and records that `session` has it open: `open(O_CREAT)` of a
+/// new file in one log entry instead of two.
+pub(crate) fn create_open(
+    kv: &mut impl KvWrite,
+    session: SessionId,
+    parent: InodeId,
+    name: &[u8],
+    new: NewNode,
+    now: Timestamp,
+) -> Result<MetaResponse, FsError> {
+    let rec = add_inode(kv, parent, name, new, 0, now)?;
+    super::session::open_file(kv, session, rec.attr.ino)?;
     Ok(MetaResponse::Attr(rec.attr))
 }
 

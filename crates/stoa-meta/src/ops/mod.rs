@@ -39,6 +39,16 @@ pub(crate) fn mutate(
                 create::NewNode { kind: *kind, perm: *perm, uid: *uid, gid: *gid, rdev: *rdev };
             create::create(kv, *parent, name, new, now)
         }
+        MetaOp::CreateOpen { parent, name, perm, uid, gid } => {
+            let new = create::NewNode {
+                kind: FileKind::File,
+                perm: *perm,
+                uid: *uid,
+                gid: *gid,
+                rdev: 0,
+            };
+            create::create_open(kv, session, *parent, name, new, now)
+        }
         MetaOp::Mkdir { parent, name, perm, uid, gid } => {
             let new =
                 create::NewNode { kind: FileKind::Dir, perm: *perm, uid: *uid, gid: *gid, rdev: 0 };

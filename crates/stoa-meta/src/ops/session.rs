@@ -224,6 +224,28 @@ mod tests {
     }
 
     #[test]
+    fn create_open_makes_a_file_that_is_open_until_released() {
+        let mut fs = Fs::new();
+        let op =
+            MetaOp::CreateOpen { parent: ROOT, name: b"c".to_vec(), perm: 0o640, uid: 5, gid: 6 };
+        let c = fs.attr(op.clone()).unwrap();
+        assert_eq!((c.kind, c.perm, c.nlink, c.uid, c.gid), (FileKind::File, 0o640, 1, 5, 6));
+        assert_eq!(fs.lookup(ROOT, "c").unwrap().ino, c.ino);
+        // Open: an unlink leaves an orphan until the release.
+        fs.unlink(ROOT, "c", false).unwrap();
+        assert_eq!(fs.getattr(c.ino).unwrap().nlink, 0);
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        fs.call(MetaOp::Release { ino: c.ino }).unwrap();
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(c.ino, 0)]);
+        // An existing name is refused and opens nothing.
+        fs.create(ROOT, "d").unwrap();
+        let again =
+            MetaOp::CreateOpen { parent: ROOT, name: b"d".to_vec(), perm: 0o640, uid: 5, gid: 6 };
+        assert_eq!(fs.attr(again), Err(FsError::Exists));
+        assert!(fs.kv.is_empty(Table::Opens) && fs.kv.is_empty(Table::Openers));
+    }
+
+    #[test]
     fn a_file_renamed_over_while_open_is_kept_until_released() {
         let mut fs = Fs::new();
         let victim = fs.create(ROOT, "v").unwrap();

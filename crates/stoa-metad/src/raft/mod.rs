@@ -3,14 +3,16 @@
 //!
 //! ```text
 //!  service --propose(Command)--> MetaRaft --client_write--> openraft core
-//!                                                              | append (fsync, batched)
+//!                                                              | append: returns at once
 //!                                                              v
-//!                              redb meta.redb <-- LogStore / StateMachine (one txn per batch)
+//!          raft-log/*.seg <-- LogStore flusher thread (one fdatasync per group of batches)
+//!          redb meta.redb <-- StateMachine (one txn per applied batch), vote, purge point
 //!  peers <--Request::Raft(Envelope)-- network::PeerClient      snapshots/current.snap
 //! ```
 
 mod codec;
 mod network;
+mod segments;
 mod sm;
 mod snapshot;
 mod store;
@@ -109,6 +111,7 @@ pub(crate) struct RaftView {
 pub(crate) struct MetaRaft {
     raft: Raft<TypeConfig>,
     store: Arc<store::Store>,
+    log: store::LogStore,
     cluster: Arc<ClusterIdentity>,
     contacts: Arc<Contacts>,
     /// When an AppendEntries from a leader was last accepted.
@@ -178,27 +181,27 @@ impl MetaRaft {
         let names: Vec<&'static str> = stoa_meta::Table::ALL.iter().map(|t| t.name()).collect();
         let (closed_tx, closed) = tokio::sync::oneshot::channel();
         let dir = data_dir.to_path_buf();
-        let (store, snapshots) = tokio::task::spawn_blocking(move || {
-            let store = store::Store::open(&path, &names, closed_tx)?;
+        let (store, log, snapshots) = tokio::task::spawn_blocking(move || {
+            let store = Arc::new(store::Store::open(&path, &names, closed_tx)?);
+            let log = store::LogStore::open(store.clone(), &dir.join("raft-log"))?;
             let snapshots = snapshot::SnapshotDir::new(&dir).map_err(|e| MetadError::Store {
                 path: dir.join("snapshots"),
                 detail: e.to_string(),
             })?;
-            Ok::<_, MetadError>((store, snapshots))
+            Ok::<_, MetadError>((store, log, snapshots))
         })
         .await
         .map_err(|e| MetadError::Raft(format!("open store task: {e}")))??;
-        let store = Arc::new(store);
         let contacts = Arc::new(Contacts::default());
         let net = Network { id: id.0, pool, cluster: cluster.clone(), contacts: contacts.clone() };
-        let log = store::LogStore::new(store.clone());
         let sm = sm::StateMachine::new(store.clone(), Arc::new(snapshots), cluster.clone());
-        let raft = Raft::new(id.0, config, net, log, sm)
+        let raft = Raft::new(id.0, config, net, log.clone(), sm)
             .await
             .map_err(|e| MetadError::Raft(format!("start: {e}")))?;
         Ok(MetaRaft {
             raft,
             store,
+            log,
             cluster,
             contacts,
             heard_leader: Mutex::new(None),
@@ -210,7 +213,7 @@ impl MetaRaft {
     /// Forms the group from `peers` if this replica's store is new; a replica that has
     /// voted or logged before is already part of a group and is left alone.
     pub async fn initialize(&self, peers: &[(NodeId, SocketAddr)]) -> Result<(), MetadError> {
-        if !self.store.is_pristine()? {
+        if self.store.has_voted()? || !self.log.is_empty() {
             return Ok(());
         }
         let members: BTreeMap<u64, BasicNode> =
@@ -468,13 +471,13 @@ mod tests {
                 Arc::new(store::Store::open(&dir.path().join("meta.redb"), &names, tx).unwrap());
             let snapshots = Arc::new(snapshot::SnapshotDir::new(dir.path()).unwrap());
             let cluster = Arc::new(ClusterIdentity::load(dir.path()).unwrap());
-            let log = store::LogStore::new(store.clone());
+            let log = store::LogStore::open(store.clone(), &dir.path().join("raft-log")).unwrap();
             Ok((dir, log, sm::StateMachine::new(store, snapshots, cluster)))
         }
     }
 
     #[test]
-    fn the_redb_store_passes_the_openraft_storage_suite() {
+    fn the_segment_log_and_redb_store_pass_the_openraft_storage_suite() {
         Suite::test_all(Builder).unwrap();
     }
 

@@ -1,16 +1,22 @@
-//! The one redb database behind a replica, `<data_dir>/meta.redb`, and the Raft log kept
-//! in it.
+//! The one redb database behind a replica, `<data_dir>/meta.redb`, and the Raft log
+//! ([`LogStore`]): entries in memory for readers, and on disk in the append-only segment
+//! files of [`super::segments`], written by one flusher thread.
 //!
 //! ```text
-//!  raft_log    u64 index -> bincode Entry          appended with fsync (group commit)
-//!  raft_meta   "vote" | "committed" | "purged"     -> bincode value
+//!  raft_meta   "vote" | "committed" | "purged"     -> bincode value (fsync'd)
 //!  sm_meta     "applied" | "membership"            -> bincode value, written with each batch
 //!  <Table::name()> ...                              state-machine tables, bytes -> bytes
+//!  raft_log    u64 index -> bincode Entry          only read, to move an older replica's
+//!                                                  log into segment files
+//!
+//!  append --> memory (readable at once) --> flusher thread: write every queued batch,
+//!                                            ONE fdatasync, then every batch's callback
 //! ```
 //!
 //! Every redb call runs on the blocking pool: commits fsync, and reads may touch the disk.
 
 use super::codec::{decode, encode};
+use super::segments::Segments;
 use super::TypeConfig;
 use crate::MetadError;
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -18,13 +24,12 @@ use openraft::{
     AnyError, Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError,
     Vote,
 };
-use redb::{
-    Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
-};
+use redb::{Database, Durability, ReadableTable, TableDefinition, TableHandle};
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
@@ -127,16 +132,11 @@ impl Store {
         Ok(Store { db, path: path.to_path_buf(), _closed: OnDrop(Some(closed)) })
     }
 
-    /// Whether this replica has never voted nor logged anything: a new data directory.
-    pub fn is_pristine(&self) -> Result<bool, MetadError> {
-        let check = || -> Result<bool, String> {
-            let txn = self.db.begin_read().map_err(s)?;
-            let has_vote =
-                txn.open_table(RAFT_META).map_err(s)?.get(KEY_VOTE).map_err(s)?.is_some();
-            let has_log = !txn.open_table(LOG).map_err(s)?.is_empty().map_err(s)?;
-            Ok(!has_vote && !has_log)
-        };
-        check().map_err(|detail| MetadError::Store { path: self.path.clone(), detail })
+    /// Whether this replica has ever voted.
+    pub fn has_voted(&self) -> Result<bool, MetadError> {
+        self.read_meta::<Vote<u64>>(KEY_VOTE)
+            .map(|v| v.is_some())
+            .map_err(|detail| MetadError::Store { path: self.path.clone(), detail })
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, String> {
@@ -146,29 +146,194 @@ impl Store {
         value.map(|v| decode(v.value())).transpose().map_err(s)
     }
 
-    fn write_meta<T: serde::Serialize>(
-        &self,
-        key: &str,
-        value: &T,
-        durability: Durability,
-    ) -> Result<(), String> {
-        let bytes = encode(value).map_err(s)?;
+    /// Writes `values` into `raft_meta` in one fsync'd transaction, which also makes
+    /// every earlier state-machine commit (written without fsync) durable.
+    fn write_meta_durably(&self, values: &[(&str, Vec<u8>)]) -> Result<(), String> {
         let mut txn = self.db.begin_write().map_err(s)?;
-        txn.set_durability(durability);
-        txn.open_table(RAFT_META).map_err(s)?.insert(key, bytes.as_slice()).map_err(s)?;
+        txn.set_durability(Durability::Immediate);
+        {
+            let mut table = txn.open_table(RAFT_META).map_err(s)?;
+            for (key, bytes) in values {
+                table.insert(*key, bytes.as_slice()).map_err(s)?;
+            }
+        }
+        txn.commit().map_err(s)
+    }
+
+    /// Takes the log entries an older version kept in redb, for [`LogStore::open`] to
+    /// move into segment files. Blocking.
+    fn legacy_log(&self) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        let txn = self.db.begin_read().map_err(s)?;
+        let table = txn.open_table(LOG).map_err(s)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(s)? {
+            let (k, v) = row.map_err(s)?;
+            out.push((k.value(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn drop_legacy_log(&self) -> Result<(), String> {
+        let mut txn = self.db.begin_write().map_err(s)?;
+        txn.set_durability(Durability::Immediate);
+        txn.open_table(LOG).map_err(s)?.retain(|_, _| false).map_err(s)?;
         txn.commit().map_err(s)
     }
 }
 
-/// The Raft log over [`Store`]. Cloning it is cheap; clones share the database.
+/// What the flusher thread does, in the order the log store asked.
+enum DiskOp {
+    Append { records: Vec<(u64, Vec<u8>)>, done: LogFlushed<TypeConfig> },
+    Truncate { index: u64, done: tokio::sync::oneshot::Sender<Result<(), String>> },
+    Purge { index: u64, done: tokio::sync::oneshot::Sender<Result<(), String>> },
+}
+
+/// The log as readers see it: every entry not purged, in index order, including those
+/// still being flushed (Raft may send an entry to followers before its own fsync).
+#[derive(Debug, Default)]
+struct LogMem {
+    entries: VecDeque<Entry<TypeConfig>>,
+    purged: Option<LogId<u64>>,
+    committed: Option<LogId<u64>>,
+}
+
+impl LogMem {
+    fn last(&self) -> Option<LogId<u64>> {
+        self.entries.back().map(|e| e.log_id).or(self.purged)
+    }
+}
+
+#[derive(Debug)]
+struct LogShared {
+    mem: Mutex<LogMem>,
+    disk: Mutex<mpsc::Sender<DiskOp>>,
+}
+
+/// The Raft log. Cloning it is cheap; clones share the entries and the flusher.
 #[derive(Clone, Debug)]
 pub(crate) struct LogStore {
     store: Arc<Store>,
+    shared: Arc<LogShared>,
+}
+
+/// Group commit: takes every operation queued, writes them in order, makes them durable
+/// with ONE fdatasync, then reports to every batch. A failure is final: every later
+/// operation fails too, and Raft stops this replica rather than let it diverge.
+/// Holds the store, so the database closes only after the last write finished.
+fn flusher(mut segments: Segments, rx: mpsc::Receiver<DiskOp>, _store: Arc<Store>) {
+    let mut broken: Option<String> = None;
+    while let Ok(first) = rx.recv() {
+        let batch: Vec<DiskOp> = std::iter::once(first).chain(rx.try_iter()).collect();
+        let mut result: Result<(), String> = broken.clone().map_or(Ok(()), Err);
+        let mut flushed = Vec::new();
+        for op in batch {
+            match op {
+                DiskOp::Append { records, done } => {
+                    if result.is_ok() {
+                        result = segments.append(&records);
+                    }
+                    flushed.push(done);
+                }
+                DiskOp::Truncate { index, done } => {
+                    result = result.and_then(|()| segments.truncate(index));
+                    let _ = done.send(result.clone());
+                }
+                DiskOp::Purge { index, done } => {
+                    result = result.and_then(|()| segments.purge(index));
+                    let _ = done.send(result.clone());
+                }
+            }
+        }
+        if !flushed.is_empty() {
+            result = result.and_then(|()| segments.sync());
+        }
+        if let Err(e) = &result {
+            if broken.is_none() {
+                tracing::error!("the Raft log cannot be written: {e}");
+            }
+            broken = Some(e.clone());
+        }
+        for done in flushed {
+            done.log_io_completed(result.clone().map_err(std::io::Error::other));
+        }
+    }
 }
 
 impl LogStore {
-    pub fn new(store: Arc<Store>) -> LogStore {
-        LogStore { store }
+    /// Opens the log in `dir` (recovering from a torn tail) and starts its flusher.
+    /// A log an older version kept in redb is moved into segment files first. Blocking.
+    pub fn open(store: Arc<Store>, dir: &Path) -> Result<LogStore, MetadError> {
+        let fail = |detail: String| MetadError::Store { path: dir.to_path_buf(), detail };
+        let (mut segments, mut records) = Segments::open(dir).map_err(fail)?;
+        let legacy = store.legacy_log().map_err(fail)?;
+        if !legacy.is_empty() {
+            if !records.is_empty() {
+                return Err(fail("both the redb log table and segment files hold entries".into()));
+            }
+            tracing::info!(
+                "moving {} Raft log entries from redb into {}",
+                legacy.len(),
+                dir.display()
+            );
+            segments.append(&legacy).map_err(fail)?;
+            segments.sync().map_err(fail)?;
+            store.drop_legacy_log().map_err(fail)?;
+            records = legacy;
+        }
+        let purged: Option<LogId<u64>> = store.read_meta(KEY_PURGED).map_err(fail)?;
+        let committed = store.read_meta::<Option<LogId<u64>>>(KEY_COMMITTED).map_err(fail)?;
+        let mut entries = VecDeque::new();
+        for (index, body) in records {
+            if purged.is_some_and(|p| index <= p.index) {
+                continue;
+            }
+            let entry: Entry<TypeConfig> =
+                decode(&body).map_err(|e| fail(format!("log entry {index}: {e}")))?;
+            if let Some(prev) = entries.back().map(|e: &Entry<TypeConfig>| e.log_id.index) {
+                if index != prev + 1 {
+                    return Err(fail(format!("log entry {index} follows {prev}: a gap")));
+                }
+            }
+            entries.push_back(entry);
+        }
+        let (tx, rx) = mpsc::channel();
+        let flusher_store = store.clone();
+        std::thread::Builder::new()
+            .name("raft-log".into())
+            .spawn(move || flusher(segments, rx, flusher_store))
+            .map_err(|e| fail(format!("start the log flusher: {e}")))?;
+        let mem = LogMem { entries, purged, committed: committed.flatten() };
+        Ok(LogStore {
+            store,
+            shared: Arc::new(LogShared { mem: Mutex::new(mem), disk: Mutex::new(tx) }),
+        })
+    }
+
+    fn mem(&self) -> std::sync::MutexGuard<'_, LogMem> {
+        self.shared.mem.lock().expect("raft log lock poisoned")
+    }
+
+    fn send(&self, op: DiskOp) -> Result<(), String> {
+        let tx = self.shared.disk.lock().expect("raft log sender poisoned");
+        tx.send(op).map_err(|_| "the Raft log flusher has stopped".to_string())
+    }
+
+    /// Whether the log holds nothing and never did (no purge either).
+    pub fn is_empty(&self) -> bool {
+        self.mem().last().is_none()
+    }
+
+    /// Sends `op` to the flusher and waits for it.
+    async fn on_disk(
+        &self,
+        op: impl FnOnce(tokio::sync::oneshot::Sender<Result<(), String>>) -> DiskOp,
+    ) -> Result<(), StorageError<u64>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(op(tx)).map_err(io_err)?;
+        match rx.await {
+            Ok(result) => result.map_err(io_err),
+            Err(_) => Err(io_err("the Raft log flusher has stopped")),
+        }
     }
 }
 
@@ -177,20 +342,23 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<u64>> {
-        let bounds: (Bound<u64>, Bound<u64>) =
-            (range.start_bound().cloned(), range.end_bound().cloned());
-        let store = self.store.clone();
-        blocking(move || {
-            let txn = store.db.begin_read().map_err(s)?;
-            let table = txn.open_table(LOG).map_err(s)?;
-            let mut entries = Vec::new();
-            for row in table.range(bounds).map_err(s)? {
-                let (_, value) = row.map_err(s)?;
-                entries.push(decode(value.value()).map_err(s)?);
-            }
-            Ok(entries)
-        })
-        .await
+        let mem = self.mem();
+        let Some(first) = mem.entries.front().map(|e| e.log_id.index) else {
+            return Ok(Vec::new());
+        };
+        let skip = match range.start_bound() {
+            Bound::Included(&i) => i.saturating_sub(first),
+            Bound::Excluded(&i) => (i + 1).saturating_sub(first),
+            Bound::Unbounded => 0,
+        };
+        let skip = usize::try_from(skip).unwrap_or(usize::MAX);
+        Ok(mem
+            .entries
+            .iter()
+            .skip(skip)
+            .take_while(|e| range.contains(&e.log_id.index))
+            .cloned()
+            .collect())
     }
 }
 
@@ -198,21 +366,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
-        let store = self.store.clone();
-        blocking(move || {
-            let last_purged_log_id: Option<LogId<u64>> = store.read_meta(KEY_PURGED)?;
-            let txn = store.db.begin_read().map_err(s)?;
-            let table = txn.open_table(LOG).map_err(s)?;
-            let last = match table.last().map_err(s)? {
-                Some((_, value)) => {
-                    let entry: Entry<TypeConfig> = decode(value.value()).map_err(s)?;
-                    Some(entry.log_id)
-                }
-                None => last_purged_log_id,
-            };
-            Ok(LogState { last_purged_log_id, last_log_id: last })
-        })
-        .await
+        let mem = self.mem();
+        Ok(LogState { last_purged_log_id: mem.purged, last_log_id: mem.last() })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -221,8 +376,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         let store = self.store.clone();
-        let vote = *vote;
-        blocking(move || store.write_meta(KEY_VOTE, &vote, Durability::Immediate)).await
+        let bytes = encode(vote).map_err(io_err)?;
+        blocking(move || store.write_meta_durably(&[(KEY_VOTE, bytes)])).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
@@ -234,15 +389,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         &mut self,
         committed: Option<LogId<u64>>,
     ) -> Result<(), StorageError<u64>> {
-        // Only a hint that saves re-applying after a restart; losing it is safe, so it is
-        // not worth an fsync. The next durable commit persists it anyway.
-        let store = self.store.clone();
-        blocking(move || store.write_meta(KEY_COMMITTED, &committed, Durability::None)).await
+        // Only a hint that saves re-applying after a restart, so it costs no disk write
+        // here: it is persisted with the next purge.
+        self.mem().committed = committed;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
-        let store = self.store.clone();
-        blocking(move || Ok(store.read_meta::<Option<LogId<u64>>>(KEY_COMMITTED)?.flatten())).await
+        Ok(self.mem().committed)
     }
 
     async fn append<I>(
@@ -254,58 +408,41 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let encoded = entries
-            .into_iter()
-            .map(|e| encode(&e).map(|bytes| (e.log_id.index, bytes)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(io_err)?;
-        let store = self.store.clone();
-        // Openraft hands us every entry that arrived while the previous append was being
-        // synced, so one fsync here covers a whole batch of concurrent client writes.
-        let result = blocking(move || {
-            let mut txn = store.db.begin_write().map_err(s)?;
-            txn.set_durability(Durability::Immediate);
-            {
-                let mut table = txn.open_table(LOG).map_err(s)?;
-                for (index, bytes) in &encoded {
-                    table.insert(*index, bytes.as_slice()).map_err(s)?;
-                }
+        let mut records = Vec::new();
+        {
+            let mut mem = self.mem();
+            for entry in entries {
+                records.push((entry.log_id.index, encode(&entry).map_err(io_err)?));
+                mem.entries.push_back(entry);
             }
-            txn.commit().map_err(s)
-        })
-        .await;
-        match &result {
-            Ok(()) => callback.log_io_completed(Ok(())),
-            Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
         }
-        result
+        // Returns before the fsync: the flusher gathers every batch queued meanwhile into
+        // one fdatasync and then calls each batch's callback (group commit), while Raft
+        // goes on replicating and accepting writes.
+        self.send(DiskOp::Append { records, done: callback }).map_err(io_err)
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
-        let store = self.store.clone();
-        blocking(move || {
-            let mut txn = store.db.begin_write().map_err(s)?;
-            txn.set_durability(Durability::Immediate);
-            txn.open_table(LOG).map_err(s)?.retain_in(log_id.index.., |_, _| false).map_err(s)?;
-            txn.commit().map_err(s)
-        })
-        .await
+        self.mem().entries.retain(|e| e.log_id.index < log_id.index);
+        self.on_disk(|done| DiskOp::Truncate { index: log_id.index, done }).await
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        // Record the purge point first. The same fsync'd transaction makes the state
+        // machine's earlier commits durable, so a restart never needs the entries that
+        // are about to go.
+        let committed = self.mem().committed;
+        let values = vec![
+            (KEY_PURGED, encode(&log_id).map_err(io_err)?),
+            (KEY_COMMITTED, encode(&committed).map_err(io_err)?),
+        ];
         let store = self.store.clone();
-        blocking(move || {
-            let bytes = encode(&log_id).map_err(s)?;
-            let mut txn = store.db.begin_write().map_err(s)?;
-            txn.set_durability(Durability::Immediate);
-            {
-                let mut meta = txn.open_table(RAFT_META).map_err(s)?;
-                meta.insert(KEY_PURGED, bytes.as_slice()).map_err(s)?;
-                let mut log = txn.open_table(LOG).map_err(s)?;
-                log.retain_in(..=log_id.index, |_, _| false).map_err(s)?;
-            }
-            txn.commit().map_err(s)
-        })
-        .await
+        blocking(move || store.write_meta_durably(&values)).await?;
+        {
+            let mut mem = self.mem();
+            mem.entries.retain(|e| e.log_id.index > log_id.index);
+            mem.purged = Some(log_id);
+        }
+        self.on_disk(|done| DiskOp::Purge { index: log_id.index, done }).await
     }
 }
