@@ -2,7 +2,7 @@
 
 use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
-use crate::file::FileState;
+use crate::file::{ErrorCursor, FileState};
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
@@ -67,6 +67,8 @@ struct OpenHandle {
     /// The session the handle was opened in. Meta released the handle's open when that
     /// session expired, so the handle answers `EIO` once the client is in another.
     session: SessionId,
+    /// The write-behind errors of the file this handle has reported.
+    errors: ErrorCursor,
 }
 
 impl Client {
@@ -160,7 +162,9 @@ impl Client {
 
     fn add_handle(&self, file: Arc<FileState>, session: SessionId) -> FileHandle {
         let fh = self.sh.next_handle.fetch_add(1, Ordering::Relaxed);
-        let handle = OpenHandle { file, readahead: Mutex::new(Readahead::default()), session };
+        let errors = file.error_cursor();
+        let readahead = Mutex::new(Readahead::default());
+        let handle = OpenHandle { file, readahead, session, errors };
         self.sh.handles.lock().expect("handles lock poisoned").insert(fh, Arc::new(handle));
         FileHandle(fh)
     }
@@ -192,7 +196,7 @@ impl Client {
         let handle = self.sh.handles.lock().expect("handles lock poisoned").remove(&fh.0);
         let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
         let file = handle.file.clone();
-        let flushed = file.flush(&self.sh).await;
+        let flushed = file.flush(&self.sh, &handle.errors).await;
         let last = {
             let mut meta_open = file.meta_open.lock().await;
             file.lock().opens -= 1;
@@ -251,18 +255,20 @@ impl Client {
     pub async fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let handle = self.sh.handle(fh)?;
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
-        handle.file.write(&self.sh, offset, data).await?;
+        handle.file.write(&self.sh, offset, data, &handle.errors).await?;
         Ok(data.len() as u32)
     }
 
     /// Sends the buffered writes of the handle's file and waits for them.
     pub async fn flush(&self, fh: FileHandle) -> Result<(), FsError> {
-        self.sh.handle(fh)?.file.flush(&self.sh).await
+        let handle = self.sh.handle(fh)?;
+        handle.file.flush(&self.sh, &handle.errors).await
     }
 
     /// Flushes, then makes the file's data durable on every replica.
     pub async fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
-        self.sh.handle(fh)?.file.fsync(&self.sh).await
+        let handle = self.sh.handle(fh)?;
+        handle.file.fsync(&self.sh, &handle.errors).await
     }
 
     /// Flushes every file with buffered writes; returns the first error.
@@ -271,7 +277,7 @@ impl Client {
             self.sh.files.lock().expect("files lock poisoned").values().cloned().collect();
         let mut first = Ok(());
         for file in files {
-            if let Err(e) = file.flush(&self.sh).await {
+            if let Err(e) = file.flush_unowned(&self.sh).await {
                 tracing::warn!("flushing inode {} failed: {e}", file.ino);
                 first = first.and(Err(e));
             }

@@ -24,7 +24,7 @@ use crate::read::Prefetch;
 use crate::split::{chunk_span, split};
 use crate::write_buffer::{clip, Batch, Extent, WriteBuffer};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use stoa_proto::{MetaOp, MetaResponse};
 use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr};
@@ -70,8 +70,13 @@ pub(crate) struct FileInner {
     /// The end of the furthest write not yet known to be committed to meta; 0 when the
     /// file has nothing buffered or in flight.
     pub uncommitted_end: u64,
-    /// The first error of a background write, reported by the next flush or fsync.
+    /// The latest error of a background write, and how many there have been. Every
+    /// handle keeps the count it has consumed (an [`ErrorCursor`]; fsync and write
+    /// consume, flush and close only report), so an error reaches every handle that was
+    /// open when it happened, not only whichever flush came first (like Linux's
+    /// errseq_t): no fsync returns success over data that never reached its chain.
     error: Option<FsError>,
+    error_seq: u64,
     /// Chunks written since the last fsync.
     unsynced: BTreeSet<u64>,
     /// The size meta last reported, if known.
@@ -81,6 +86,12 @@ pub(crate) struct FileInner {
 }
 
 impl FileInner {
+    /// Records a write-behind (or commit) failure for every handle to see.
+    fn fail(&mut self, e: FsError) {
+        self.error = Some(e);
+        self.error_seq += 1;
+    }
+
     pub fn is_idle(&self) -> bool {
         self.buffer.is_empty() && self.pending == 0 && self.commit_end.is_none() && !self.committing
     }
@@ -139,6 +150,7 @@ impl FileState {
                 committing: false,
                 uncommitted_end: 0,
                 error: None,
+                error_seq: 0,
                 unsynced: BTreeSet::new(),
                 meta_size: None,
                 prefetched: BTreeMap::new(),
@@ -154,20 +166,25 @@ impl FileState {
         self.inner.lock().expect("file state lock poisoned")
     }
 
-    /// Buffers `data` at `offset`; full chunks go out in the background.
+    /// A cursor that reports only errors from now on (for a new handle).
+    pub fn error_cursor(&self) -> ErrorCursor {
+        ErrorCursor(AtomicU64::new(self.lock().error_seq))
+    }
+
+    /// Buffers `data` at `offset`; full chunks go out in the background. Fails while
+    /// a write-behind error is unreported to `seen`.
     pub async fn write(
         self: &Arc<Self>,
         sh: &Arc<Shared>,
         offset: u64,
         data: &[u8],
+        seen: &ErrorCursor,
     ) -> Result<(), FsError> {
         self.wait_for_room(sh).await;
         let _io = self.io_lock.read().await;
         {
             let mut inner = self.lock();
-            if let Some(e) = inner.error.clone() {
-                return Err(e);
-            }
+            seen.check(&inner, true)?;
             let end = offset + data.len() as u64;
             let span = chunk_span(offset, end, sh.chunk_size);
             let stale: Vec<u64> = inner.prefetched.range(span).map(|(k, _)| *k).collect();
@@ -231,7 +248,7 @@ impl FileState {
                 }
                 Err(e) => {
                     tracing::warn!("write-behind of {chunk} failed: {e}");
-                    inner.error.get_or_insert(e);
+                    inner.fail(e);
                 }
             }
             self.settle(&mut inner);
@@ -282,7 +299,7 @@ impl FileState {
                 }
                 Err(e) => {
                     tracing::warn!("committing writes of inode {} failed: {e}", self.ino);
-                    inner.error.get_or_insert(e);
+                    inner.fail(e);
                 }
             }
         }
@@ -293,9 +310,21 @@ impl FileState {
         self.changed.notify_waiters();
     }
 
-    /// Sends everything buffered, waits for every write in flight, and reports the first
-    /// error since the last flush.
-    pub async fn flush(self: &Arc<Self>, sh: &Arc<Shared>) -> Result<(), FsError> {
+    /// Sends everything buffered, waits for every write in flight, and reports a
+    /// write-behind error that `seen` has not reported yet. A flush (a close) reports
+    /// without consuming: the kernel also flushes when a forked child closes its copy of
+    /// the descriptor, and that must not hide the error from the owner's fsync.
+    pub async fn flush(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        seen: &ErrorCursor,
+    ) -> Result<(), FsError> {
+        self.drain(sh).await;
+        seen.check(&self.lock(), false)
+    }
+
+    /// Sends everything buffered and waits until nothing is queued or in flight.
+    async fn drain(self: &Arc<Self>, sh: &Arc<Shared>) {
         {
             let mut inner = self.lock();
             for extent in inner.buffer.take_all() {
@@ -304,13 +333,25 @@ impl FileState {
         }
         self.pump(sh);
         self.wait_until(|inner| inner.is_idle()).await;
-        self.lock().error.take().map_or(Ok(()), Err)
     }
 
-    /// Flushes, then makes every chunk written since the last fsync durable on every
-    /// replica of its chain.
-    pub async fn fsync(self: &Arc<Self>, sh: &Arc<Shared>) -> Result<(), FsError> {
-        self.flush(sh).await?;
+    /// Flushes for a caller without a handle (setattr, locks, unmount): reports only
+    /// errors of writes that fail during this flush, and leaves every handle's errors
+    /// for its own flush, fsync or close.
+    pub async fn flush_unowned(self: &Arc<Self>, sh: &Arc<Shared>) -> Result<(), FsError> {
+        let seen = self.error_cursor();
+        self.flush(sh, &seen).await
+    }
+
+    /// Flushes, reports (and consumes) an error `seen` has not reported, then makes
+    /// every chunk written since the last fsync durable on every replica of its chain.
+    pub async fn fsync(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        seen: &ErrorCursor,
+    ) -> Result<(), FsError> {
+        self.drain(sh).await;
+        seen.check(&self.lock(), true)?;
         let indexes = std::mem::take(&mut self.lock().unsynced);
         let chunks: Vec<ChunkId> =
             indexes.iter().map(|&index| ChunkId { ino: self.ino, index }).collect();
@@ -336,7 +377,7 @@ impl FileState {
     ) -> Result<Attr, FsError> {
         let size = set.size.expect("truncate needs a size");
         let _io = self.io_lock.write().await;
-        self.flush(sh).await?;
+        self.flush_unowned(sh).await?;
         let old_size = old_size.max(self.lock().size().unwrap_or(0));
         if size < old_size {
             let cs = u64::from(sh.chunk_size);
@@ -366,6 +407,24 @@ impl FileState {
             }
             notified.await;
         }
+    }
+}
+
+/// How many write-behind errors of a file one handle has reported.
+#[derive(Debug)]
+pub(crate) struct ErrorCursor(AtomicU64);
+
+impl ErrorCursor {
+    /// Fails with the file's latest error if it came after what this cursor reported;
+    /// `consume` marks it reported.
+    fn check(&self, inner: &FileInner, consume: bool) -> Result<(), FsError> {
+        if inner.error_seq <= self.0.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if consume {
+            self.0.store(inner.error_seq, Ordering::Release);
+        }
+        inner.error.clone().map_or(Ok(()), Err)
     }
 }
 

@@ -88,7 +88,7 @@ impl Client {
 
     async fn flush_inode(&self, ino: InodeId) -> Result<(), FsError> {
         match self.sh.open_file(ino) {
-            Some(file) => file.flush(&self.sh).await,
+            Some(file) => file.flush_unowned(&self.sh).await,
             None => Ok(()),
         }
     }

@@ -43,7 +43,7 @@ impl Client {
             result?
         } else {
             if let Some(file) = self.sh.open_file(ino) {
-                file.flush(&self.sh).await?;
+                file.flush_unowned(&self.sh).await?;
             }
             self.sh.session.call_attr(MetaOp::SetAttr { ino, set }).await?
         };

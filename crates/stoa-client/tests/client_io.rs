@@ -136,6 +136,38 @@ async fn busy_chunk_servers_are_retried_and_fsync_syncs_written_chunks() {
     assert_eq!(cluster.busy_writes.load(Ordering::SeqCst), 0);
 }
 
+/// Found by the fault tests: a write-behind failure was reported by whichever flush
+/// came first and then forgotten. The kernel flushes on every close of a descriptor,
+/// also when a forked child execs and closes its inherited copy, so that flush took the
+/// error and the owner's fsync returned success over data that never reached a chunk
+/// server (an fsynced file read back empty). A flush must report without consuming;
+/// fsync must report to every handle that was open when the write failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_behind_error_reaches_the_fsync_of_every_open_handle() {
+    use stoa_client::FsError;
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"shared").await;
+    let (a, b) = (client.open(ino).await.unwrap(), client.open(ino).await.unwrap());
+    client.write(a, 0, b"from a").await.unwrap();
+    cluster.full_writes.store(1, Ordering::SeqCst);
+    // A close of a copy of `a` (a child's exec) sends the bytes, which fail.
+    assert_eq!(client.flush(a).await, Err(FsError::NoSpace));
+    // A flush without a handle (a chmod, a lock) leaves the error to the handles.
+    client.setattr(ino, SetAttr { perm: Some(0o600), ..SetAttr::default() }).await.unwrap();
+    assert_eq!(client.fsync(a).await, Err(FsError::NoSpace));
+    assert_eq!(client.fsync(b).await, Err(FsError::NoSpace), "the other writer's fsync");
+    // Consumed once per handle; a handle opened later never sees it.
+    client.fsync(a).await.unwrap();
+    client.fsync(b).await.unwrap();
+    let c = client.open(ino).await.unwrap();
+    client.write(c, 0, b"from c").await.unwrap();
+    client.fsync(c).await.unwrap();
+    assert_eq!(client.read(c, 0, 6).await.unwrap(), b"from c");
+    for fh in [a, b, c] {
+        client.release(fh).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unlinked_open_file_is_purged_on_last_close() {
     let (cluster, client) = setup().await;

@@ -94,6 +94,23 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
     tokio::task::spawn_blocking(move || exercise(root)).await.unwrap();
     assert!(!cluster.state.lock().unwrap().chunks.is_empty());
 
+    eprintln!("step: a child's close leaves a write error to the owner's fsync");
+    // Found by the fault tests: a child inherits the descriptor and closes it at exec;
+    // the kernel flushes, the buffered bytes fail, and that flush must not take the
+    // error from the owner, whose fsync used to return success over lost data.
+    cluster.full_writes.store(1, std::sync::atomic::Ordering::SeqCst);
+    let root = mnt.clone();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut f = std::fs::File::create(root.join("lost.bin")).unwrap();
+        f.write_all(b"never stored").unwrap();
+        assert!(std::process::Command::new("true").status().unwrap().success());
+        let err = f.sync_all().expect_err("fsync after a failed write-behind");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    })
+    .await
+    .unwrap();
+
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(20), task).await.unwrap().unwrap().unwrap();
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -2,7 +2,8 @@
 //! when it loses leadership:
 //!
 //! - create the cluster (`Init`) the first time a leader finds none;
-//! - judge chunk-server liveness and propose `ChunkServerDown` / `ChunkServerUp`, and
+//! - judge chunk-server liveness and propose `ChunkServerDown` / `ChunkServerUp` (a
+//!   server that reported itself full counts as down until it has space again), and
 //!   `RebuildChain` for chains short of replicas for longer than the rebuild delay;
 //! - delete the chunks of garbage inodes and then propose `GarbageCollected`;
 //! - expire client sessions that stopped renewing (`ExpireSession`).
@@ -127,10 +128,13 @@ async fn judge_once(node: &Node, judge: &mut Judge) -> Result<(), FsError> {
     let in_path: BTreeSet<NodeId> = table.chains.iter().flat_map(|c| c.write_path()).collect();
     for &server in &in_path {
         let key = (server, table.version, false);
-        if !node.liveness.is_alive(server, DOWN_AFTER) && !proposed.contains(&key) {
-            tracing::warn!(
-                "chunk server {server} silent for {DOWN_AFTER:?}: taking it out of its chains"
-            );
+        let silent = !node.liveness.is_alive(server, DOWN_AFTER);
+        if (silent || node.liveness.is_full(server)) && !proposed.contains(&key) {
+            if silent {
+                tracing::warn!(
+                    "chunk server {server} silent for {DOWN_AFTER:?}: taking it out of its chains"
+                );
+            }
             node.raft.propose(Command::ChunkServerDown { node: server }).await?;
             proposed.insert(key);
         }
@@ -143,7 +147,8 @@ async fn judge_once(node: &Node, judge: &mut Judge) -> Result<(), FsError> {
     for (server, _) in node.liveness.alive(DOWN_AFTER) {
         let key = (server, table.version, true);
         let known = table.nodes.iter().any(|n| n.id == server);
-        if known && !in_path.contains(&server) && !proposed.contains(&key) {
+        let eligible = known && !node.liveness.is_full(server);
+        if eligible && !in_path.contains(&server) && !proposed.contains(&key) {
             tracing::info!("chunk server {server} is back: adding it to short chains");
             node.raft.propose(Command::ChunkServerUp { node: server }).await?;
             proposed.insert(key);
@@ -171,7 +176,7 @@ async fn rebuild_short_chains(
         .alive(DOWN_AFTER)
         .into_iter()
         .map(|(id, _)| id)
-        .filter(|id| table.nodes.iter().any(|n| n.id == *id))
+        .filter(|id| table.nodes.iter().any(|n| n.id == *id) && !node.liveness.is_full(*id))
         .collect();
     let load = |server: NodeId| {
         table.chains.iter().filter(|c| c.write_path().any(|n| n == server)).count()

@@ -14,6 +14,10 @@ use stoa_types::NodeId;
 /// counted from an earlier instant, so they stop serving before meta moves on.
 pub(crate) const DOWN_AFTER: Duration = Duration::from_millis(1500);
 
+/// A server reported full is taken back once its free space grew by this share of its
+/// capacity since the report (files deleted, or an operator made room).
+const FULL_UNTIL_FREED_DIVISOR: u64 = 16;
+
 /// What the last heartbeat of one chunk server said.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Beat {
@@ -31,6 +35,9 @@ struct State {
     /// one full timeout from then, so a failover does not evict healthy servers.
     since: Instant,
     beats: HashMap<NodeId, Beat>,
+    /// Servers that refused a chain's write for lack of space, with the free bytes their
+    /// last heartbeat showed then.
+    full: HashMap<NodeId, u64>,
 }
 
 /// Heartbeats received by this replica while it leads.
@@ -41,7 +48,8 @@ pub(crate) struct Liveness {
 
 impl Default for Liveness {
     fn default() -> Liveness {
-        Liveness { state: Mutex::new(State { since: Instant::now(), beats: HashMap::new() }) }
+        let state = State { since: Instant::now(), beats: HashMap::new(), full: HashMap::new() };
+        Liveness { state: Mutex::new(state) }
     }
 }
 
@@ -56,6 +64,7 @@ impl Liveness {
         let mut s = self.lock();
         s.since = Instant::now();
         s.beats.clear();
+        s.full.clear();
     }
 
     pub fn beat(&self, node: NodeId, capacity_bytes: u64, used_bytes: u64, repair: RepairProgress) {
@@ -70,6 +79,25 @@ impl Liveness {
         };
         let beat = Beat { at, capacity_bytes, used_bytes, repair, copy_rate_bytes_per_sec };
         s.beats.insert(node, beat);
+        let free = capacity_bytes.saturating_sub(used_bytes);
+        if s.full.get(&node).is_some_and(|&then| {
+            free > then.saturating_add(capacity_bytes / FULL_UNTIL_FREED_DIVISOR)
+        }) {
+            tracing::info!("chunk server {node} has space again: it may rejoin its chains");
+            s.full.remove(&node);
+        }
+    }
+
+    /// Records that `node` refused a write for lack of space; says whether it was news.
+    pub fn mark_full(&self, node: NodeId) -> bool {
+        let mut s = self.lock();
+        let free = s.beats.get(&node).map_or(0, |b| b.capacity_bytes.saturating_sub(b.used_bytes));
+        s.full.insert(node, free).is_none()
+    }
+
+    /// Whether `node` is out of space: it must leave its chains and not rejoin them.
+    pub fn is_full(&self, node: NodeId) -> bool {
+        self.lock().full.contains_key(&node)
     }
 
     /// Whether `node` heartbeated within `limit` (counting from when judging started).
@@ -110,5 +138,18 @@ mod tests {
         assert_eq!(live.alive(Duration::from_secs(1)).len(), 1);
         live.restart();
         assert!(live.last(NodeId(5)).is_none());
+    }
+
+    #[test]
+    fn a_full_server_stays_full_until_its_heartbeats_show_space_freed() {
+        let live = Liveness::default();
+        live.beat(NodeId(3), 1600, 1590, RepairProgress::default());
+        assert!(live.mark_full(NodeId(3)));
+        assert!(!live.mark_full(NodeId(3)), "already known");
+        // A little space (less than a sixteenth of the disk) is not enough.
+        live.beat(NodeId(3), 1600, 1550, RepairProgress::default());
+        assert!(live.is_full(NodeId(3)));
+        live.beat(NodeId(3), 1600, 1400, RepairProgress::default());
+        assert!(!live.is_full(NodeId(3)));
     }
 }

@@ -6,7 +6,8 @@
 //!          +-> read -----leader--> ensure_linearizable, read txn --> answer
 //!          |            \-follower-> ReadIndex from the leader, wait until applied
 //!          |                         here, read txn here --> answer
-//!          +-> ChunkHeartbeat, RenewSession (leader soft state), Status, ReportCorrupt
+//!          +-> ChunkHeartbeat, ChunkServerFull, RenewSession (leader soft state),
+//!              Status, ReportCorrupt
 //!          +-> AddReplica, RemoveReplica (leader: Raft membership change)
 //! ```
 
@@ -60,6 +61,18 @@ impl Node {
                 Ok(MetaResponse::Done)
             }
             MetaOp::ChunkHeartbeat { .. } => self.heartbeat(req).await,
+            &MetaOp::ChunkServerFull { node } => {
+                let view = self.raft.view();
+                if view.role != Role::Leader {
+                    return self.forward(&view, req).await;
+                }
+                if self.liveness.mark_full(node) {
+                    tracing::warn!(
+                        "chunk server {node} is out of space: taking it out of its chains"
+                    );
+                }
+                Ok(MetaResponse::Done)
+            }
             MetaOp::RenewSession
             | MetaOp::ReadIndex
             | MetaOp::AddReplica { .. }

@@ -120,24 +120,33 @@ impl MetaClient {
                 // Only mutations use the hint; a read retries where it was, after a pause.
                 !to_leader
             }
-            FsError::NotLeader { .. } | FsError::Busy => true,
+            FsError::Busy => true,
+            // This replica knows no leader it can reach (an election, or it is cut off
+            // from the rest): another replica may know one, so move on as from a dead
+            // replica rather than waiting here.
+            FsError::NotLeader { .. } => self.next_replica(index, failed_in_a_row),
             _ => {
                 // Unreachable, timed out, or stopping: drop the connection (it may lead
                 // to a frozen peer) and move on.
                 self.pool.forget(self.addrs[index % self.addrs.len()]);
-                if !to_leader {
-                    let _ = self.current.compare_exchange(
-                        index,
-                        (index + 1) % self.addrs.len(),
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    );
-                }
-                *failed_in_a_row += 1;
-                // Sleep only after every replica failed once in a row.
-                failed_in_a_row.is_multiple_of(self.addrs.len())
+                self.next_replica(index, failed_in_a_row)
             }
         }
+    }
+
+    /// Moves reads off replica `index` (also after a failed call to the leader: when
+    /// reads went to that replica too, the retry must not wait for it a second time);
+    /// returns whether to wait first, which is only after every replica failed once in
+    /// a row.
+    fn next_replica(&self, index: usize, failed_in_a_row: &mut usize) -> bool {
+        let _ = self.current.compare_exchange(
+            index,
+            (index + 1) % self.addrs.len(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        *failed_in_a_row += 1;
+        failed_in_a_row.is_multiple_of(self.addrs.len())
     }
 
     /// Calls one specific replica once, without failover (for status probes).
@@ -151,5 +160,77 @@ impl MetaClient {
             (Response::Meta(resp), _) => Ok(resp),
             (other, _) => Err(FsError::Protocol(format!("meta at {addr} answered {other:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{bind, serve, Handler};
+    use std::sync::atomic::AtomicU32;
+    use stoa_proto::{MetaOp, Reply};
+    use stoa_types::{RequestId, SessionId};
+
+    /// A meta replica that answers every call the same way, or never, and counts calls.
+    struct Replica {
+        answer: Option<Reply>,
+        calls: AtomicU32,
+    }
+
+    impl Handler for Replica {
+        async fn handle(&self, _: Request, _: Bytes, _: SocketAddr) -> (Reply, Bytes) {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            match &self.answer {
+                Some(reply) => (reply.clone(), Bytes::new()),
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    async fn replica(answer: Option<Reply>) -> (SocketAddr, Arc<Replica>) {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let replica = Arc::new(Replica { answer, calls: AtomicU32::new(0) });
+        tokio::spawn(serve(listener, replica.clone()));
+        (addr, replica)
+    }
+
+    /// Found by the fault tests (meta leader isolated): a mutation waited for the
+    /// unreachable leader, then for the same replica again as the read replica, and a
+    /// replica that knew no leader was asked again and again instead of the next one.
+    #[tokio::test]
+    async fn a_silent_leader_costs_one_timeout_and_a_leaderless_replica_is_skipped() {
+        let (silent, silent_calls) = replica(None).await;
+        let (leaderless, _) =
+            replica(Some(Err(FsError::NotLeader { leader: None, addr: None }))).await;
+        let (good, _) = replica(Some(Ok(Response::Meta(MetaResponse::Done)))).await;
+        let client =
+            MetaClient::new(Pool::new(), vec![silent, leaderless, good], Duration::from_secs(60));
+        client.set_leader(silent);
+        // Reads start on the silent replica, whichever replica the pid picked.
+        client.current.store(0, Ordering::Relaxed);
+        let op = MetaOp::Mkdir {
+            parent: stoa_types::InodeId(1),
+            name: b"d".to_vec(),
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+        };
+        let req = MetaRequest { session: SessionId(1), req_id: RequestId(1), op };
+        assert_eq!(client.call(req).await, Ok(MetaResponse::Done));
+        assert_eq!(
+            silent_calls.calls.load(Ordering::SeqCst),
+            1,
+            "the silent replica was asked twice"
+        );
+        // A read skips the replica without a leader at once.
+        client.current.store(1, Ordering::Relaxed);
+        let read = MetaRequest {
+            session: SessionId(0),
+            req_id: RequestId(0),
+            op: MetaOp::GetAttr { ino: stoa_types::InodeId(1) },
+        };
+        assert_eq!(client.call(read).await, Ok(MetaResponse::Done));
+        assert_eq!(client.current.load(Ordering::Relaxed), 2);
     }
 }

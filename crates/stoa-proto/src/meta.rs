@@ -209,6 +209,13 @@ pub enum MetaOp {
         uid: u32,
         gid: u32,
     },
+    /// A chunk server refused a write its chain forwarded to it for lack of space: the
+    /// leader takes it out of its chains (so that the chain's writes go on without it
+    /// and it serves no stale reads) until its heartbeats show space freed. Leader soft
+    /// state, like heartbeats; answered with [`MetaResponse::Done`].
+    ChunkServerFull {
+        node: NodeId,
+    },
 }
 
 /// Who holds a lock: a process (POSIX locks) or an open file (OFD and flock locks) of
@@ -264,6 +271,7 @@ impl MetaOp {
                 | MetaOp::ReadIndex
                 | MetaOp::AddReplica { .. }
                 | MetaOp::RemoveReplica { .. }
+                | MetaOp::ChunkServerFull { .. }
         )
     }
 }

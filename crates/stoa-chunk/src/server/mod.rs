@@ -40,6 +40,9 @@ use tokio::task::JoinSet;
 /// stopped successor fails soon after meta has taken that successor out.
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often a full server repeats its report to meta while writes keep reaching it.
+const FULL_REPORT_PERIOD: Duration = Duration::from_millis(500);
+
 /// Counters of what the server did, for tests now and metrics later.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -89,6 +92,15 @@ pub(crate) struct Server {
     orphans: Mutex<HashSet<ChunkId>>,
     /// Chunks and bytes each running resync still has to copy.
     backlog: Mutex<HashMap<ChainId, (u64, u64)>>,
+    /// Chunks whose last mutation here did not settle on the whole write path: applied
+    /// here but failed further down, or failed here but applied before us. Replicas of
+    /// such a chunk may differ, so this one serves no reads of it until a later
+    /// mutation (or a copy from an active member) settles it: a failed write must never
+    /// be seen by one read and gone for the next, and no read may go back to a version
+    /// older than one another replica served.
+    unsettled: Mutex<HashSet<ChunkId>>,
+    /// When this server last told meta it is out of space.
+    reported_full: Mutex<Option<std::time::Instant>>,
     tasks: Mutex<JoinSet<()>>,
 }
 
@@ -126,6 +138,8 @@ impl Server {
             replicas: AtomicU64::new(0),
             orphans: Mutex::new(HashSet::new()),
             backlog: Mutex::new(HashMap::new()),
+            unsettled: Mutex::new(HashSet::new()),
+            reported_full: Mutex::new(None),
             tasks: Mutex::new(JoinSet::new()),
         }
     }
@@ -185,6 +199,43 @@ impl Server {
         });
     }
 
+    fn unsettle(&self, chunk: ChunkId) {
+        self.unsettled.lock().expect("unsettled lock poisoned").insert(chunk);
+    }
+
+    fn settle(&self, chunk: ChunkId) {
+        self.unsettled.lock().expect("unsettled lock poisoned").remove(&chunk);
+    }
+
+    fn check_settled(&self, chunk: ChunkId) -> Result<(), FsError> {
+        if self.unsettled.lock().expect("unsettled lock poisoned").contains(&chunk) {
+            return Err(FsError::Unavailable(format!(
+                "chunk {chunk} has a write not settled on its chain; read another replica"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Tells meta, in the background and at most every `FULL_REPORT_PERIOD`, that this
+    /// server refused a chain's write for lack of space, so that it leaves its chains.
+    fn report_full(&self) {
+        {
+            let mut last = self.reported_full.lock().expect("report lock poisoned");
+            if last.is_some_and(|t| t.elapsed() < FULL_REPORT_PERIOD) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        tracing::warn!("chunk server {} is out of space: asking meta to take it out", self.node);
+        let meta = self.meta.clone();
+        let op = MetaOp::ChunkServerFull { node: self.node };
+        self.spawn(async move {
+            if let Err(e) = meta.call(meta_request(op)).await {
+                tracing::warn!("reporting a full disk to meta: {e}");
+            }
+        });
+    }
+
     /// Repair progress for the next heartbeat.
     pub(crate) fn repair_progress(&self) -> RepairProgress {
         let (backlog_chunks, backlog_bytes) = self
@@ -228,6 +279,7 @@ impl Server {
         let none = Bytes::new();
         match req.op {
             ChunkOp::Read { chunk, offset, len } => {
+                self.check_settled(chunk)?;
                 let data = self.disk(move |e| e.read(chunk, offset, len)).await;
                 Ok((ChunkResponse::Data, Bytes::from(self.checked(chunk, data)?)))
             }
@@ -254,12 +306,13 @@ impl Server {
             ChunkOp::Install { chunk, version } => {
                 let _order = self.order.lock(chunk).await;
                 let reserve = self.limits.reserve_bytes / 2;
-                let outcome = self
+                let installed = self
                     .disk(move |e| {
                         e.check_space(payload.len() as u64, reserve)?;
                         e.install(chunk, version, &payload, false)
                     })
-                    .await?;
+                    .await;
+                let outcome = installed.map_err(|e| self.behind(chunk, e))?;
                 Ok((ChunkResponse::Written { version: outcome.version() }, none))
             }
         }

@@ -50,7 +50,17 @@ impl Server {
                 other => Err(FsError::Invalid(format!("{other:?} is not a chunk mutation"))),
             })
             .await;
-        let version = self.checked(chunk, applied)?.version();
+        let forwarded_here = matches!(
+            op,
+            ChunkOp::Write { version: Some(_), .. } | ChunkOp::Truncate { version: Some(_), .. }
+        );
+        let version = match self.checked(chunk, applied) {
+            Ok(outcome) => outcome.version(),
+            // The head applied nothing when it fails; a server further down is now
+            // behind its predecessor (see `unsettle`).
+            Err(e) if forwarded_here => return Err(self.behind(chunk, e)),
+            Err(e) => return Err(e),
+        };
         // Forward even what was skipped here: a server further down may still miss it,
         // and it skips too if not.
         let forwarded = match op {
@@ -65,8 +75,25 @@ impl Server {
             }
             other => other,
         };
-        self.forward(chain, chunk, forwarded, payload).await?;
+        if let Err(e) = self.forward(chain, chunk, forwarded, payload).await {
+            // Applied here, not (known to be) further down: this replica is ahead of
+            // its successors until a later mutation of the chunk reaches all of them.
+            self.unsettle(chunk);
+            return Err(e);
+        }
+        self.settle(chunk);
         Ok(version)
+    }
+
+    /// This replica failed to apply a mutation its predecessor has: it refuses reads of
+    /// the chunk until it catches up, and, out of space, asks meta to take it out of
+    /// its chains. Returns the error to answer with.
+    pub(super) fn behind(self: &Arc<Self>, chunk: ChunkId, e: FsError) -> FsError {
+        self.unsettle(chunk);
+        if e == FsError::NoSpace {
+            self.report_full();
+        }
+        e
     }
 
     /// The free space a mutation must leave: the whole reserve at the head, half of it
@@ -94,14 +121,32 @@ impl Server {
         let Some(addr) = self.successor(chain)? else { return Ok(()) };
         match self.call_peer(addr, chain, op.clone(), payload.clone()).await {
             Err(FsError::Stale) => {}
-            other => return other.map(|_| ()),
+            other => return other.map(|_| ()).map_err(|e| successor_failed(addr, e)),
         }
         let fetched = self.disk(move |e| e.fetch(chunk)).await;
         let (version, data) = self.checked(chunk, fetched)?;
         tracing::info!(
             "chunk server at {addr} missed writes to chunk {chunk}: installing v{version}"
         );
-        self.call_peer(addr, chain, ChunkOp::Install { chunk, version }, Bytes::from(data)).await?;
-        self.call_peer(addr, chain, op, payload).await.map(|_| ())
+        let install = ChunkOp::Install { chunk, version };
+        self.call_peer(addr, chain, install, Bytes::from(data))
+            .await
+            .map_err(|e| successor_failed(addr, e))?;
+        self.call_peer(addr, chain, op, payload)
+            .await
+            .map(|_| ())
+            .map_err(|e| successor_failed(addr, e))
+    }
+}
+
+/// A successor out of space is not the application's ENOSPC: the chain has room at its
+/// head, and the full server asked meta to take it out, so the writer retries on the
+/// chain without it (a full head refuses before applying anything, with `NoSpace`).
+fn successor_failed(addr: std::net::SocketAddr, e: FsError) -> FsError {
+    match e {
+        FsError::NoSpace => FsError::Unavailable(format!(
+            "chunk server at {addr} is out of space; meta is taking it out of the chain"
+        )),
+        other => other,
     }
 }

@@ -216,10 +216,13 @@ impl Server {
         };
         let ours = self.disk(move |e| e.version(chunk)).await.unwrap_or(0);
         if ours == version && !repair {
+            // The same version as an active member's: settled, whatever failed here.
+            self.settle(chunk);
             return Ok(());
         }
         let len = data.len() as u64;
         self.disk(move |e| e.install(chunk, version, &data, true)).await?;
+        self.settle(chunk);
         self.stats.copied_bytes.fetch_add(len, Ordering::Relaxed);
         let counter =
             if version == 0 { &self.stats.chunks_dropped } else { &self.stats.chunks_copied };

@@ -25,6 +25,7 @@ struct MetaState {
     table: ChainTable,
     synced: Vec<(NodeId, ChainId, u64)>,
     corrupt: Vec<(NodeId, ChunkId)>,
+    full: Vec<NodeId>,
 }
 
 /// Answers what chunk servers ask meta, from a table the test sets.
@@ -74,6 +75,10 @@ impl FakeMeta {
             }
             MetaOp::ReportCorrupt { node, chunk, .. } => {
                 s.corrupt.push((node, chunk));
+                Ok(MetaResponse::Done)
+            }
+            MetaOp::ChunkServerFull { node } => {
+                s.full.push(node);
                 Ok(MetaResponse::Done)
             }
             other => Err(FsError::NotSupported)
@@ -129,17 +134,22 @@ fn config(dir: &std::path::Path, meta: SocketAddr) -> ChunkConfig {
 impl Cluster {
     /// Three servers, all members of the one chain (head first).
     async fn start() -> Cluster {
+        Cluster::start_with_reserves([0; 3]).await
+    }
+
+    /// Three servers keeping these free bytes on their disks (a reserve larger than the
+    /// disk makes a server refuse every write that needs space, as a full disk does).
+    async fn start_with_reserves(reserves: [u64; 3]) -> Cluster {
         let listener = stoa_net::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let meta_addr = listener.local_addr().unwrap();
         let meta = Arc::new(FakeMeta::default());
         tokio::spawn(stoa_net::serve(listener, meta.clone()));
         let mut cluster =
             Cluster { meta, meta_addr, servers: Vec::new(), dirs: Vec::new(), pool: Pool::new() };
-        for _ in 0..3 {
+        for reserve_bytes in reserves {
             let dir = tempfile::tempdir().unwrap();
-            cluster
-                .servers
-                .push(Some(Running::start(config(dir.path(), meta_addr)).await.unwrap()));
+            let cfg = ChunkConfig { reserve_bytes, ..config(dir.path(), meta_addr) };
+            cluster.servers.push(Some(Running::start(cfg).await.unwrap()));
             cluster.dirs.push(dir);
         }
         let nodes: Vec<NodeId> = (0..3).map(|i| cluster.node(i)).collect();
@@ -278,6 +288,52 @@ async fn a_retried_write_is_idempotent_and_truncate_replicates() {
             assert!(c.read(i, &chain, chunk(0)).await.unwrap().is_empty());
             // Removed to a tombstone that keeps the version (see Engine::truncate).
             assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 4);
+        }
+    })
+    .await;
+}
+
+/// Found by the fault tests (disk-full): with a chain member out of space, the head
+/// applied a write the full member refused, and answered ENOSPC; reads then saw the
+/// new value at the head and the old one elsewhere, back and forth. Now the replicas
+/// that may differ serve no reads of the chunk, the full server asks meta to take it
+/// out, the writer is told to retry, and the retry on the shorter chain settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_member_leaves_no_replica_serving_a_write_it_refused() {
+    bounded(async {
+        let c = Cluster::start_with_reserves([0, u64::MAX / 4, 0]).await;
+        // The chunk exists on the head and the tail, at version 1, before the full
+        // server joins between them.
+        let without = c.meta.set_chain(&[c.node(0), c.node(2)], &[]);
+        c.converge().await;
+        c.write(&without, chunk(0), 0, b"old").await;
+        let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
+        c.converge().await;
+        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None };
+        let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
+        assert!(
+            matches!(err, FsError::Unavailable(ref m) if m.contains("out of space")),
+            "{err:?}"
+        );
+        eventually("the full server reports to meta", || {
+            c.meta.state.lock().unwrap().full.contains(&c.node(1))
+        })
+        .await;
+        // The head has the refused write, the full server nothing: neither serves it.
+        for i in [0, 1] {
+            let read = c.read(i, &chain, chunk(0)).await;
+            assert!(
+                matches!(read, Err(FsError::Unavailable(ref m)) if m.contains("settled")),
+                "{read:?}"
+            );
+        }
+        assert_eq!(c.read(2, &chain, chunk(0)).await.unwrap(), &b"old"[..]);
+        // Meta takes the full server out; the writer's retry settles the chain.
+        let shorter = c.meta.set_chain(&[c.node(0), c.node(2)], &[]);
+        c.converge().await;
+        c.call(0, &shorter, write, b"new").await.unwrap();
+        for i in [0, 2] {
+            assert_eq!(c.read(i, &shorter, chunk(0)).await.unwrap(), &b"new"[..], "replica {i}");
         }
     })
     .await;

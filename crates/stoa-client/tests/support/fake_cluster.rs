@@ -40,6 +40,8 @@ pub struct FakeCluster {
     pub state: Arc<Mutex<State>>,
     /// Chunk writes still to refuse with `Busy`, to exercise retries.
     pub busy_writes: Arc<AtomicU32>,
+    /// Chunk writes still to refuse with `NoSpace`, a failure the client does not retry.
+    pub full_writes: Arc<AtomicU32>,
 }
 
 struct Handler {
@@ -47,6 +49,12 @@ struct Handler {
     chunk_size: u32,
     state: Arc<Mutex<State>>,
     busy_writes: Arc<AtomicU32>,
+    full_writes: Arc<AtomicU32>,
+}
+
+/// Takes one from `counter` if it is above zero; says whether it did.
+fn take_one(counter: &AtomicU32) -> bool {
+    counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }
 
 fn attr(ino: u64, kind: FileKind, perm: u32) -> Attr {
@@ -76,10 +84,16 @@ impl FakeCluster {
         state.dirs.insert(1, BTreeMap::new());
         let state = Arc::new(Mutex::new(state));
         let busy_writes = Arc::new(AtomicU32::new(0));
-        let handler =
-            Handler { addr, chunk_size, state: state.clone(), busy_writes: busy_writes.clone() };
+        let full_writes = Arc::new(AtomicU32::new(0));
+        let handler = Handler {
+            addr,
+            chunk_size,
+            state: state.clone(),
+            busy_writes: busy_writes.clone(),
+            full_writes: full_writes.clone(),
+        };
         tokio::spawn(stoa_net::serve(listener, Arc::new(handler)));
-        FakeCluster { addr, state, busy_writes }
+        FakeCluster { addr, state, busy_writes, full_writes }
     }
 }
 
@@ -276,10 +290,11 @@ impl Handler {
         ranges: Vec<(u32, u32)>,
         payload: Bytes,
     ) -> (Reply, Bytes) {
-        let busy = self.busy_writes.load(Ordering::SeqCst);
-        if busy > 0 {
-            self.busy_writes.store(busy - 1, Ordering::SeqCst);
+        if take_one(&self.busy_writes) {
             return (Err(FsError::Busy), Bytes::new());
+        }
+        if take_one(&self.full_writes) {
+            return (Err(FsError::NoSpace), Bytes::new());
         }
         st.chunk_writes += 1;
         let data = st.chunks.entry(chunk).or_default();

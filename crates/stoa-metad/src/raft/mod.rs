@@ -83,6 +83,12 @@ impl Default for Tuning {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
     Leader,
+    /// Raft still calls this replica leader, but no quorum of voters has answered it
+    /// within an election timeout (it is cut off, or the others moved on). It acts as
+    /// if there were no leader, like Raft's check-quorum: it takes no client work,
+    /// answers no chunk heartbeat and runs no leader task, so clients and chunk servers
+    /// go to the replicas that can elect a new leader instead of waiting for it.
+    Isolated,
     Follower,
     Candidate,
     Learner,
@@ -334,17 +340,23 @@ impl MetaRaft {
         let membership = m.membership_config.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let addr_of = |id: u64| membership.get_node(&id).and_then(parse_addr);
+        let mut role = match m.state {
+            ServerState::Leader => Role::Leader,
+            ServerState::Follower => Role::Follower,
+            ServerState::Candidate => Role::Candidate,
+            ServerState::Learner => Role::Learner,
+            ServerState::Shutdown => Role::Stopped,
+        };
+        let mut leader = m.current_leader;
+        if role == Role::Leader && !self.quorum_answers(m.id, &voters) {
+            role = Role::Isolated;
+            leader = None;
+        }
         RaftView {
-            role: match m.state {
-                ServerState::Leader => Role::Leader,
-                ServerState::Follower => Role::Follower,
-                ServerState::Candidate => Role::Candidate,
-                ServerState::Learner => Role::Learner,
-                ServerState::Shutdown => Role::Stopped,
-            },
+            role,
             term: m.current_term,
-            leader: m.current_leader.map(NodeId),
-            leader_addr: m.current_leader.and_then(addr_of),
+            leader: leader.map(NodeId),
+            leader_addr: leader.and_then(addr_of),
             last_applied: m.last_applied.map(|l| l.index).unwrap_or(0),
             voters: voters.iter().map(|&id| (NodeId(id), addr_of(id))).collect(),
             quorum_ack_ms: m.millis_since_quorum_ack,
@@ -367,6 +379,19 @@ impl MetaRaft {
     /// A receiver that wakes on every change of the Raft state.
     pub fn subscribe(&self) -> RaftWatch {
         RaftWatch { rx: self.raft.metrics() }
+    }
+
+    /// Whether a majority of `voters` (this replica, `me`, and peers that answered one
+    /// of its Raft calls within the election timeout) stands behind this replica. Our
+    /// own clock of answers, not openraft's metrics, which are only refreshed when its
+    /// core wakes up.
+    fn quorum_answers(&self, me: u64, voters: &BTreeSet<u64>) -> bool {
+        let limit = self.election_timeout();
+        let answered = voters
+            .iter()
+            .filter(|&&id| id == me || self.contacts.since(id).is_some_and(|d| d < limit))
+            .count();
+        answered * 2 > voters.len()
     }
 
     /// How long ago `peer` last answered a Raft call from this replica.

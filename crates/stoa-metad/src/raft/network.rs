@@ -107,7 +107,11 @@ impl PeerClient {
         let envelope = Envelope { cluster: self.net.cluster.get(), from: self.net.id, msg };
         let bytes = encode(&envelope).map_err(network)?;
         let req = Request::Raft(wrap(bytes));
-        let body = match self.net.pool.call(addr, &req, Bytes::new(), option.hard_ttl()).await {
+        // Time out before openraft does (at its hard limit it drops this future), so that
+        // the error below forgets the connection: after a partition heals, a connection
+        // whose lost packets TCP retransmits on a backed-off timer would otherwise stall
+        // every later call to the peer for tens of seconds.
+        let body = match self.net.pool.call(addr, &req, Bytes::new(), option.soft_ttl()).await {
             Ok((Response::Raft(body), _)) => body,
             Ok((other, _)) => {
                 return Err(network(format!(

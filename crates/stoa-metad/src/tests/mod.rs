@@ -229,6 +229,44 @@ async fn a_new_leader_takes_over_and_a_retried_create_gets_the_first_answer() {
     assert_ne!(other, first);
 }
 
+/// Found by the fault tests: a leader cut off from the other replicas kept answering
+/// chunk-server heartbeats and taking client calls for as long as the cut lasted (and
+/// tens of seconds more), so neither found the new leader. Without a quorum answering
+/// it, it must act as if there were no leader (check quorum), and lead again once it
+/// can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_without_a_quorum_stops_acting_as_leader() {
+    let mut cluster = Cluster::start(3, test_tuning()).await;
+    let leader = cluster.leader().await;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    for &i in &followers {
+        cluster.stop(i).await;
+    }
+    let node = cluster.server(leader).node.clone();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while node.raft.view().role != Role::Isolated {
+        assert!(Instant::now() < deadline, "still leading alone: {:?}", node.raft.view());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let session = SessionId(1);
+    let not_leader = |r: Result<MetaResponse, FsError>| {
+        assert!(matches!(r, Err(FsError::NotLeader { leader: None, .. })), "{r:?}")
+    };
+    not_leader(node.meta(create_req(session, 1, "lost")).await);
+    let beat = MetaOp::ChunkHeartbeat {
+        node: NodeId(100),
+        capacity_bytes: 1,
+        used_bytes: 0,
+        table_version: 0,
+        repair: Default::default(),
+    };
+    not_leader(
+        node.meta(MetaRequest { session: SessionId(0), req_id: RequestId(0), op: beat }).await,
+    );
+    cluster.restart(followers[0]).await;
+    cluster.leader().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_replica_keeps_its_state() {
     let mut cluster = Cluster::start(1, test_tuning()).await;
