@@ -226,11 +226,14 @@ fn flusher(mut segments: Segments, rx: mpsc::Receiver<DiskOp>, _store: Arc<Store
         let batch: Vec<DiskOp> = std::iter::once(first).chain(rx.try_iter()).collect();
         let mut result: Result<(), String> = broken.clone().map_or(Ok(()), Err);
         let mut flushed = Vec::new();
+        // Heartbeats reach the log as empty appends: they need no fdatasync.
+        let mut written = false;
         for op in batch {
             match op {
                 DiskOp::Append { records, done } => {
-                    if result.is_ok() {
+                    if result.is_ok() && !records.is_empty() {
                         result = segments.append(&records);
+                        written = true;
                     }
                     flushed.push(done);
                 }
@@ -244,7 +247,7 @@ fn flusher(mut segments: Segments, rx: mpsc::Receiver<DiskOp>, _store: Arc<Store
                 }
             }
         }
-        if !flushed.is_empty() {
+        if written {
             result = result.and_then(|()| segments.sync());
         }
         if let Err(e) = &result {
