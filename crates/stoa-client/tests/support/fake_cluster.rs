@@ -172,6 +172,13 @@ impl Handler {
             MetaOp::Create { parent, name, kind, perm, .. } => {
                 self.make(st, parent, name, kind, perm)?
             }
+            MetaOp::CreateOpen { parent, name, perm, .. } => {
+                let resp = self.make(st, parent, name, FileKind::File, perm)?;
+                if let MetaResponse::Attr(a) = &resp {
+                    st.opens.insert(a.ino.0);
+                }
+                resp
+            }
             MetaOp::Mkdir { parent, name, perm, .. } => {
                 let resp = self.make(st, parent, name, FileKind::Dir, perm)?;
                 if let MetaResponse::Attr(a) = &resp {
