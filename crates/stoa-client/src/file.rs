@@ -57,7 +57,7 @@ pub(crate) struct FileInner {
     /// file has nothing buffered or in flight.
     pub uncommitted_end: u64,
     /// The first error of a background write, reported by the next flush or fsync.
-    error: Option<FsError>,
+    pub error: Option<FsError>,
     /// Chunks written since the last fsync.
     unsynced: BTreeSet<u64>,
     /// The size meta last reported, if known.
@@ -210,7 +210,11 @@ impl FileState {
         let resp = sh.session.call(MetaOp::CommitWrite { ino: self.ino, size: end }).await?;
         let mut inner = self.lock();
         let size = match resp {
-            MetaResponse::Attr(attr) => attr.size,
+            MetaResponse::Attr(attr) => {
+                let size = attr.size;
+                sh.caps.update_attr(attr);
+                size
+            }
             _ => end,
         };
         inner.meta_size = Some(inner.meta_size.map_or(size, |s| s.max(size)));
