@@ -255,7 +255,9 @@ impl Caps {
         self.lock().recalling.get(&ino).map(|r| (r.inflight, r.served))
     }
 
-    /// Records a renewal sent at `sent`: caps stay usable for most of a lease after it.
+    /// Records a renewal sent at `sent`: caps stay usable for three quarters of a lease
+    /// after it. A new meta leader waits as long before it grants caps no session has
+    /// reasserted (stoa-metad `caps.rs::await_grace`), so keep the two in step.
     fn renewed(&self, sent: Instant, lease: Duration) {
         let until = sent + lease * 3 / 4;
         let mut t = self.lock();

@@ -259,10 +259,14 @@ impl State {
 }
 
 /// Waits until this leader knows every cap a session may hold: each open session has
-/// reasserted, or a whole lease passed since the election (a session that did not poll
-/// by then has stopped using its caps on its own).
+/// reasserted, or three quarters of a lease passed since the election. A client uses its
+/// caps for three quarters of a lease after it sent its last renewal (stoa-client
+/// `caps.rs`), and every renewal a session sent before the election was sent before it,
+/// so by then a session that did not poll has stopped using them. Ending before a whole
+/// lease also lets a session that never polls (a tool, a test) still act before its
+/// session expires.
 pub(crate) async fn await_grace(node: &Node) -> Result<(), FsError> {
-    let lease = node.raft.session_lease();
+    let lease = node.raft.session_lease() * 3 / 4;
     loop {
         let elected = {
             let s = node.caps.lock();
