@@ -181,6 +181,16 @@ impl Caps {
         }
     }
 
+    /// Forgets the attributes of every hard-linked inode: a name this client removed may
+    /// have been one of theirs without this client having looked it up.
+    pub fn forget_linked(&self) {
+        for h in self.lock().held.values_mut() {
+            if h.attr.as_ref().is_some_and(|a| a.nlink > 1) {
+                h.attr = None;
+            }
+        }
+    }
+
     fn gate(&self, ino: InodeId) -> Arc<RwLock<()>> {
         self.lock().gates.entry(ino).or_default().clone()
     }

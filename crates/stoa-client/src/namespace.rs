@@ -145,7 +145,12 @@ impl Client {
     /// are recalled by meta).
     fn forget_names(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
         let mut all = inodes.to_vec();
-        all.extend(names.iter().filter_map(|(p, n)| self.sh.caps.cached_name(*p, n)));
+        let children: Vec<InodeId> =
+            names.iter().filter_map(|(p, n)| self.sh.caps.cached_name(*p, n)).collect();
+        if children.len() < names.len() {
+            self.sh.caps.forget_linked();
+        }
+        all.extend(children);
         self.sh.caps.forget(&all, names);
     }
 
