@@ -1,5 +1,6 @@
 //! [`Client`]: one session with a Stoa cluster, its open files and its handles.
 
+use crate::caps::{spawn_events, Access, Caps};
 use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::file::{ErrorCursor, FileState};
@@ -11,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_net::Pool;
-use stoa_proto::MetaOp;
+use stoa_proto::{CapMode, MetaOp};
 use stoa_types::{validate_name, Attr, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
 
@@ -53,11 +54,18 @@ pub(crate) struct Shared {
     pub locked: Mutex<HashSet<(InodeId, u64)>>,
     /// The task that renews the session lease; stopped on close and on drop.
     renewal: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// What this session may cache (docs/flows/caps.md).
+    pub caps: Caps,
+    /// The events stream that brings recalls; stopped on close and on drop.
+    events: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Held while an `O_APPEND` write picks its offset and buffers its data.
+    appending: tokio::sync::Mutex<()>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         self.stop_renewal();
+        self.stop_events();
     }
 }
 
@@ -96,8 +104,13 @@ impl Client {
             locked: Mutex::new(HashSet::new()),
             renewal: Mutex::new(Some(spawn_renewal(&session))),
             session,
+            caps: Caps::new(),
+            events: Mutex::new(None),
+            appending: tokio::sync::Mutex::new(()),
         };
-        Ok(Client { sh: Arc::new(sh) })
+        let sh = Arc::new(sh);
+        *sh.events.lock().expect("events lock poisoned") = Some(spawn_events(&sh));
+        Ok(Client { sh })
     }
 
     /// The session meta granted; a new one after meta expired the previous one.
@@ -142,7 +155,9 @@ impl Client {
             uid: owner.uid,
             gid: owner.gid,
         };
-        let attr = self.sh.session.call_attr(op).await?;
+        let attr = self.sh.session.call_attr(op).await;
+        self.sh.caps.forget(&[parent], &[]);
+        let attr = attr?;
         let file = self.sh.file(attr.ino);
         let session = {
             let mut meta_open = file.meta_open.lock().await;
@@ -239,24 +254,62 @@ impl Client {
         self.sh.forget_if_unused(file.ino);
     }
 
-    /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
+    /// Reads up to `len` bytes at `offset`; shorter only at the end of the file. Needs
+    /// a shared cap, so that another client's buffered writes landed first.
     pub async fn read(&self, fh: FileHandle, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
         let handle = self.sh.handle(fh)?;
+        let access = self.access(handle.file.ino, CapMode::Shared).await?;
         let ahead = handle.readahead.lock().expect("readahead lock poisoned").observe(
             offset,
             u64::from(len),
             self.sh.chunk_size,
         );
+        // Nothing is fetched ahead without a cap: it could not be dropped on a change.
+        let ahead = match access {
+            Access::Capped { .. } => ahead,
+            Access::Uncapped { .. } => 0..0,
+        };
         handle.file.read(&self.sh, offset, len, ahead).await
     }
 
-    /// Writes `data` at `offset`. It is buffered and sent in the background; errors show
-    /// up in a later write, flush, fsync or release.
+    /// Writes `data` at `offset`. Under an exclusive cap it is buffered and sent in the
+    /// background, and errors show up in a later write, flush, fsync or release; while
+    /// the cap is being recalled it is written through.
     pub async fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let handle = self.sh.handle(fh)?;
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
+        let access = self.access(handle.file.ino, CapMode::Exclusive).await?;
         handle.file.write(&self.sh, offset, data, &handle.errors).await?;
+        if let Access::Uncapped { .. } = access {
+            handle.file.flush(&self.sh, &handle.errors).await?;
+        }
         Ok(data.len() as u32)
+    }
+
+    /// Appends `data` at the end of the file as every client sees it (`O_APPEND`): the
+    /// offset is chosen under an exclusive cap, so appends from many clients never
+    /// overlap. Returns the offset written at.
+    pub async fn write_append(&self, fh: FileHandle, data: &[u8]) -> Result<u64, FsError> {
+        let handle = self.sh.handle(fh)?;
+        let _one_at_a_time = self.sh.appending.lock().await;
+        let access = self.access(handle.file.ino, CapMode::Exclusive).await?;
+        let known = handle.file.lock().size();
+        let offset = match known {
+            Some(size) => size,
+            None => {
+                let attr =
+                    self.sh.session.call_attr(MetaOp::GetAttr { ino: handle.file.ino }).await?;
+                let mut inner = handle.file.lock();
+                inner.meta_size = Some(attr.size);
+                inner.size().unwrap_or(attr.size)
+            }
+        };
+        offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
+        handle.file.write(&self.sh, offset, data, &handle.errors).await?;
+        if let Access::Uncapped { .. } = access {
+            handle.file.flush(&self.sh, &handle.errors).await?;
+        }
+        Ok(offset)
     }
 
     /// Sends the buffered writes of the handle's file and waits for them.
@@ -290,6 +343,7 @@ impl Client {
         let flushed = self.flush_all().await;
         // Stop renewing first: a renewal after the close would open a new session.
         self.sh.stop_renewal();
+        self.sh.stop_events();
         let session = self.sh.session.id();
         match self.sh.session.call_in(session, MetaOp::CloseSession).await {
             Ok(_) | Err(FsError::SessionExpired) => {}
@@ -303,8 +357,12 @@ impl Client {
     pub(crate) fn adjust(&self, mut attr: Attr) -> Attr {
         let file = self.sh.files.lock().expect("files lock poisoned").get(&attr.ino).cloned();
         if let Some(file) = file {
+            let capped = self.sh.caps.holds(attr.ino, CapMode::Shared);
             let mut inner = file.lock();
-            inner.meta_size = Some(attr.size);
+            // A size learnt without a cap may be stale by the next read.
+            if capped {
+                inner.meta_size = Some(attr.size);
+            }
             attr.size = attr.size.max(inner.uncommitted_end);
         }
         attr
@@ -351,6 +409,12 @@ impl Shared {
             return Err(expired_handle());
         }
         Ok(handle)
+    }
+
+    fn stop_events(&self) {
+        if let Some(task) = self.events.lock().expect("events lock poisoned").take() {
+            task.abort();
+        }
     }
 
     fn stop_renewal(&self) {

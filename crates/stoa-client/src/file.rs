@@ -292,7 +292,11 @@ impl FileState {
             match result {
                 Ok(resp) => {
                     let size = match resp {
-                        MetaResponse::Attr(attr) => attr.size,
+                        MetaResponse::Attr(attr) => {
+                            let size = attr.size;
+                            sh.caps.update_attr(attr);
+                            size
+                        }
                         _ => end,
                     };
                     inner.meta_size = Some(inner.meta_size.map_or(size, |s| s.max(size)));

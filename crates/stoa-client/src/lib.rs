@@ -21,6 +21,7 @@
 //! Pure parts, tested alone: `split` (byte ranges into chunk pieces), `write_buffer`
 //! (coalescing dirty extents), `readahead` (sequential-read detection).
 
+mod caps;
 mod chains;
 mod chunk_io;
 mod client;
@@ -33,6 +34,7 @@ mod session;
 mod split;
 mod write_buffer;
 
+pub use caps::{KernelCache, Pinned};
 pub use client::{Client, ClientConfig, FileHandle};
 pub use locks::LockRequest;
 pub use namespace::Owner;

@@ -3,7 +3,7 @@
 
 use crate::client::Client;
 use crate::session::unexpected;
-use stoa_proto::{MetaOp, MetaResponse};
+use stoa_proto::{CapMode, MetaOp, MetaResponse};
 use stoa_types::{validate_name, Attr, DirEntry, FileKind, FsError, InodeId, SetAttr, StatFs};
 
 /// Who creates an object and with which permission bits.
@@ -14,13 +14,14 @@ pub struct Owner {
 }
 
 impl Client {
+    /// Looks `name` up in `parent`: from the cache under caps, else from meta (which
+    /// grants caps). See [`Client::lookup_cached`] for the kernel's TTL.
     pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr, FsError> {
-        let op = MetaOp::Lookup { parent, name: name.to_vec() };
-        Ok(self.adjust(self.sh.session.call_attr(op).await?))
+        Ok(self.lookup_cached(parent, name).await?.0)
     }
 
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr, FsError> {
-        Ok(self.adjust(self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?))
+        Ok(self.getattr_cached(ino).await?.0)
     }
 
     /// Changes attributes. A size change cuts or extends the data first; any change waits
@@ -36,6 +37,8 @@ impl Client {
                     FsError::Invalid("truncate of a special file".into())
                 });
             }
+            // Other clients' buffered writes land first, and their cached pages go.
+            let _access = self.access(ino, CapMode::Exclusive).await?;
             let file = self.sh.file(ino);
             let result = file.truncate(&self.sh, set, old.size).await;
             drop(file);
@@ -47,6 +50,7 @@ impl Client {
             }
             self.sh.session.call_attr(MetaOp::SetAttr { ino, set }).await?
         };
+        self.sh.caps.update_attr(attr.clone());
         Ok(self.adjust(attr))
     }
 
@@ -71,7 +75,9 @@ impl Client {
             gid: owner.gid,
             rdev,
         };
-        self.sh.session.call_attr(op).await
+        let attr = self.sh.session.call_attr(op).await;
+        self.sh.caps.forget(&[parent], &[]);
+        attr
     }
 
     pub async fn mkdir(
@@ -84,7 +90,9 @@ impl Client {
         validate_name(name)?;
         let op =
             MetaOp::Mkdir { parent, name: name.to_vec(), perm, uid: owner.uid, gid: owner.gid };
-        self.sh.session.call_attr(op).await
+        let attr = self.sh.session.call_attr(op).await;
+        self.sh.caps.forget(&[parent], &[]);
+        attr
     }
 
     pub async fn symlink(
@@ -105,7 +113,9 @@ impl Client {
             uid: owner.uid,
             gid: owner.gid,
         };
-        self.sh.session.call_attr(op).await
+        let attr = self.sh.session.call_attr(op).await;
+        self.sh.caps.forget(&[parent], &[]);
+        attr
     }
 
     pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, FsError> {
@@ -119,11 +129,29 @@ impl Client {
     /// file someone still has open stays as an orphan until its last release anywhere.
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
         let op = MetaOp::Unlink { parent, name: name.to_vec(), open: false };
-        self.sh.session.call_done(op).await
+        let done = self.sh.session.call_done(op).await;
+        self.forget_names(&[parent], &[(parent, name)]);
+        done
     }
 
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
-        self.sh.session.call_done(MetaOp::Rmdir { parent, name: name.to_vec() }).await
+        let done = self.sh.session.call_done(MetaOp::Rmdir { parent, name: name.to_vec() }).await;
+        self.forget_names(&[parent], &[(parent, name)]);
+        done
+    }
+
+    /// Forgets what this client cached of `inodes`, of the names `names`, and of the
+    /// inodes those names led to: this client just changed them (other clients' caches
+    /// are recalled by meta).
+    fn forget_names(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
+        let mut all = inodes.to_vec();
+        let children: Vec<InodeId> =
+            names.iter().filter_map(|(p, n)| self.sh.caps.cached_name(*p, n)).collect();
+        if children.len() < names.len() {
+            self.sh.caps.forget_linked();
+        }
+        all.extend(children);
+        self.sh.caps.forget(&all, names);
     }
 
     /// Renames `parent/name` to `new_parent/new_name`; `flags` are `renameat2` flags.
@@ -143,7 +171,9 @@ impl Client {
             new_name: new_name.to_vec(),
             flags,
         };
-        self.sh.session.call_done(op).await
+        let done = self.sh.session.call_done(op).await;
+        self.forget_names(&[parent, new_parent], &[(parent, name), (new_parent, new_name)]);
+        done
     }
 
     pub async fn link(
@@ -154,7 +184,9 @@ impl Client {
     ) -> Result<Attr, FsError> {
         validate_name(new_name)?;
         let op = MetaOp::Link { ino, new_parent, new_name: new_name.to_vec() };
-        Ok(self.adjust(self.sh.session.call_attr(op).await?))
+        let attr = self.sh.session.call_attr(op).await;
+        self.sh.caps.forget(&[ino, new_parent], &[]);
+        Ok(self.adjust(attr?))
     }
 
     /// Lists up to `limit` entries of directory `ino` in name order, after the name
@@ -198,11 +230,16 @@ impl Client {
             return Err(FsError::Range);
         }
         let op = MetaOp::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), flags };
-        self.sh.session.call_done(op).await
+        let done = self.sh.session.call_done(op).await;
+        self.sh.caps.forget(&[ino], &[]);
+        done
     }
 
     pub async fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<(), FsError> {
-        self.sh.session.call_done(MetaOp::RemoveXattr { ino, name: name.to_vec() }).await
+        let done =
+            self.sh.session.call_done(MetaOp::RemoveXattr { ino, name: name.to_vec() }).await;
+        self.sh.caps.forget(&[ino], &[]);
+        done
     }
 
     pub async fn statfs(&self) -> Result<StatFs, FsError> {

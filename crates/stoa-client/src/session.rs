@@ -90,6 +90,22 @@ impl Session {
         self.meta.call(req).await.map_err(final_error)
     }
 
+    /// Calls the leader with `op` (not a mutation) in the current session, allowing it
+    /// `timeout` there: for capability calls, which may wait at the leader.
+    pub async fn call_leader(
+        &self,
+        op: MetaOp,
+        timeout: Duration,
+    ) -> Result<MetaResponse, FsError> {
+        let req = MetaRequest { session: self.id(), req_id: RequestId(0), op };
+        self.meta.call_leader(req, timeout).await.map_err(final_error)
+    }
+
+    /// Opens a new session in place of `expired` if meta expired it.
+    pub async fn reopen(&self, expired: SessionId) -> Result<(), FsError> {
+        self.replace(expired).await
+    }
+
     /// Renews the lease; opens a new session if meta already expired this one.
     pub async fn renew(&self) -> Result<(), FsError> {
         let session = self.id();

@@ -18,11 +18,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use stoa_client::{Attr, Client, FileKind, FsError, InodeId, LockRequest, Owner, SetAttr};
+use stoa_client::{Attr, Client, FileKind, FsError, InodeId, LockRequest, Owner, Pinned, SetAttr};
 
-/// How long the kernel may cache attributes and entries. Short until capabilities let
-/// meta tell clients when to drop them.
-const TTL: Duration = Duration::from_secs(1);
 /// Largest write the kernel sends in one request.
 const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Readahead we ask the kernel for (it may offer less).
@@ -87,7 +84,21 @@ fn owner(req: &Request) -> Owner {
     Owner { uid: req.uid(), gid: req.gid() }
 }
 
-fn fail(what: &str, e: &FsError) -> Errno {
+/// How the kernel treats a new open file. `O_APPEND` writes go around the page cache
+/// (the client picks their offset, the true end of file, which the kernel may not know);
+/// other opens keep the kernel's cached pages while this client holds a cap on the file
+/// (a change elsewhere would have recalled it and dropped them).
+fn open_flags(c: &Client, ino: InodeId, flags: i32) -> FopenFlags {
+    if flags & libc::O_APPEND != 0 {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else if c.may_keep_cache(ino) {
+        FopenFlags::FOPEN_KEEP_CACHE
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+pub(crate) fn fail(what: &str, e: &FsError) -> Errno {
     match e {
         FsError::Io(_) | FsError::Protocol(_) | FsError::Checksum(_) => {
             tracing::warn!("{what} failed: {e}")
@@ -97,16 +108,23 @@ fn fail(what: &str, e: &FsError) -> Errno {
     errno(e)
 }
 
+/// Answers with a new entry. The kernel may not cache it: this client holds no cap on
+/// a new inode yet, so its next lookup asks (and gets one).
 fn reply_entry(reply: ReplyEntry, what: &str, r: Result<Attr, FsError>) {
     match r {
-        Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
+        Ok(attr) => reply.entry(&Duration::ZERO, &file_attr(&attr), Generation(0)),
         Err(e) => reply.error(fail(what, &e)),
     }
 }
 
-fn reply_attr(reply: ReplyAttr, what: &str, r: Result<Attr, FsError>) {
+/// Answers with attributes the kernel may cache for `ttl` (zero without a cap). `pin`
+/// keeps the cap from being recalled until the kernel has them.
+fn reply_attr(reply: ReplyAttr, what: &str, r: Result<(Attr, Duration, Pinned), FsError>) {
     match r {
-        Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+        Ok((attr, ttl, pin)) => {
+            reply.attr(&ttl, &file_attr(&attr));
+            drop(pin);
+        }
         Err(e) => reply.error(fail(what, &e)),
     }
 }
@@ -158,12 +176,20 @@ impl Filesystem for StoaFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = bytes(name);
         self.spawn(|c| async move {
-            reply_entry(reply, "lookup", c.lookup(ino(parent), &name).await);
+            match c.lookup_cached(ino(parent), &name).await {
+                Ok((attr, ttl, pin)) => {
+                    reply.entry(&ttl, &file_attr(&attr), Generation(0));
+                    drop(pin);
+                }
+                Err(e) => reply.error(fail("lookup", &e)),
+            }
         });
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(|c| async move { reply_attr(reply, "getattr", c.getattr(ino(i)).await) });
+        self.spawn(|c| async move {
+            reply_attr(reply, "getattr", c.getattr_cached(ino(i)).await);
+        });
     }
 
     fn setattr(
@@ -192,7 +218,12 @@ impl Filesystem for StoaFs {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
         };
-        self.spawn(|c| async move { reply_attr(reply, "setattr", c.setattr(ino(i), set).await) });
+        self.spawn(|c| async move {
+            let r = c.setattr(ino(i), set).await;
+            // The answer is this client's own change: as fresh as a cap makes it.
+            let r = r.map(|attr| (attr, c.cache_ttl(ino(i)), Pinned::none()));
+            reply_attr(reply, "setattr", r);
+        });
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
@@ -302,12 +333,10 @@ impl Filesystem for StoaFs {
         });
     }
 
-    fn open(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // No FOPEN_KEEP_CACHE: the kernel drops its cached pages of the file on every
-        // open, which gives close-to-open coherence with other clients.
+    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.spawn(move |c| async move {
             match c.open(ino(i)).await {
-                Ok(handle) => reply.opened(FileHandle(handle.0), FopenFlags::empty()),
+                Ok(handle) => reply.opened(FileHandle(handle.0), open_flags(&c, ino(i), flags.0)),
                 Err(e) => reply.error(fail("open", &e)),
             }
         });
@@ -335,16 +364,20 @@ impl Filesystem for StoaFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        i: INodeNo,
         h: FileHandle,
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
+        if flags.0 & libc::O_APPEND != 0 {
+            let kernel = self.kernel.clone();
+            return self.spawn(|c| crate::caps::append(c, kernel, i, h, offset, data, reply));
+        }
         self.spawn(|c| async move {
             match c.write(fh(h), offset, &data).await {
                 Ok(n) => reply.written(n),
@@ -600,7 +633,7 @@ impl Filesystem for StoaFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
@@ -618,7 +651,8 @@ impl Filesystem for StoaFs {
             match opened {
                 Ok((attr, handle)) => {
                     let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
-                    reply.created(&TTL, &fa, Generation(0), h, FopenFlags::empty());
+                    let open = open_flags(&c, attr.ino, flags);
+                    reply.created(&Duration::ZERO, &fa, Generation(0), h, open);
                 }
                 Err(e) => reply.error(fail("create", &e)),
             }

@@ -11,10 +11,12 @@
 //!
 //! The FUSE node id is the inode number (the root is inode 1, FUSE's root id), so every
 //! hard link of a file is one kernel node. The kernel checks permissions itself
-//! (`default_permissions`) and caches attributes and entries for a short TTL; data goes
-//! through the page cache, so mmap works.
+//! (`default_permissions`) and caches attributes, entries and pages for as long as the
+//! client holds a capability on them (docs/flows/caps.md): a recall drops them through
+//! FUSE notifications. Data goes through the page cache, so mmap works.
 
 mod attr;
+mod caps;
 mod dirs;
 mod error;
 mod fs;
@@ -68,6 +70,7 @@ pub async fn mount(
         .map_err(|source| FuseError::Mount { path: path.clone(), source })?;
     tracing::info!("mounted Stoa at {}", path.display());
     let _ = kernel.set(session.notifier());
+    client.set_kernel_cache(std::sync::Arc::new(caps::Notify(kernel.clone())));
     let unmounter = session.unmount_callable();
     let mut run = tokio::task::spawn_blocking(move || session.run());
     tokio::pin!(shutdown);

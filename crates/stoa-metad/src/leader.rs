@@ -44,6 +44,7 @@ pub(crate) async fn follow_leadership(node: Arc<Node>) {
             tracing::info!("replica {} leads in term {}", node.id(), view.term);
             node.liveness.restart();
             node.leases.restart();
+            node.caps.restart(view.term);
             let mut tasks = JoinSet::new();
             tasks.spawn(create_cluster(node.clone()));
             tasks.spawn(judge_liveness(node.clone()));
@@ -227,6 +228,7 @@ async fn expire_once(node: &Node, lease: Duration) -> Result<(), FsError> {
         if !node.leases.is_live(session, lease) {
             tracing::info!("session {session} did not renew for {lease:?}: expiring it");
             node.raft.propose(Command::ExpireSession { session }).await?;
+            node.caps.drop_session(session);
         }
     }
     node.leases.retain(&sessions);

@@ -92,6 +92,7 @@ impl Server {
             cluster,
             liveness: Liveness::default(),
             leases: crate::leases::Leases::default(),
+            caps: crate::caps::CapTable::default(),
             corrupt_reports: AtomicU64::new(0),
         });
         let service = Arc::new(Service::new(node.clone()));

@@ -11,6 +11,7 @@
 //!          +-> AddReplica, RemoveReplica (leader: Raft membership change)
 //! ```
 
+use crate::caps::{self, CapTable};
 use crate::datadir::ClusterIdentity;
 use crate::leases::Leases;
 use crate::liveness::{Liveness, DOWN_AFTER};
@@ -40,6 +41,7 @@ pub(crate) struct Node {
     pub cluster: Arc<ClusterIdentity>,
     pub liveness: Liveness,
     pub leases: Leases,
+    pub caps: CapTable,
     pub corrupt_reports: AtomicU64,
 }
 
@@ -74,6 +76,9 @@ impl Node {
                 Ok(MetaResponse::Done)
             }
             MetaOp::RenewSession
+            | MetaOp::GetCaps { .. }
+            | MetaOp::CapEvents { .. }
+            | MetaOp::CapsReleased { .. }
             | MetaOp::ReadIndex
             | MetaOp::AddReplica { .. }
             | MetaOp::RemoveReplica { .. } => self.leader_call(req).await,
@@ -88,13 +93,29 @@ impl Node {
             return self.forward(&view, req).await;
         }
         let session = req.session;
+        // Other sessions' caches of what this changes are recalled before it is answered
+        // (docs/flows/caps.md); a new leader first learns every cap there is.
+        let touched = caps::touched(self, &req.op).await?;
+        if !touched.is_empty() {
+            caps::await_grace(self).await?;
+        }
+        let closing = matches!(req.op, MetaOp::CloseSession);
         let answer = self.raft.propose(Command::Client { req, now: Timestamp::now() }).await;
         // Any call of a session shows that its client is alive, and a new session starts
         // its lease now rather than at this leader's election.
         match &answer {
-            Ok(MetaResponse::Session(grant)) => self.leases.renew(grant.session),
+            Ok(MetaResponse::Session(grant)) => {
+                self.leases.renew(grant.session);
+                self.caps.opened(grant.session);
+            }
             _ if session.0 != 0 => self.leases.renew(session),
             _ => {}
+        }
+        if answer.is_ok() {
+            caps::recall_touched(self, session, &touched).await;
+        }
+        if closing {
+            self.caps.drop_session(session);
         }
         answer
     }
@@ -107,6 +128,19 @@ impl Node {
         }
         match req.op {
             MetaOp::RenewSession => self.renew(req.session).await,
+            MetaOp::GetCaps { ino, name, mode } => {
+                self.leases.renew(req.session);
+                caps::get_caps(self, req.session, ino, name, mode).await
+            }
+            MetaOp::CapEvents { held } => {
+                self.renew(req.session).await?;
+                let recalls = self.caps.poll(req.session, &held).await;
+                Ok(MetaResponse::CapEvents { recalls })
+            }
+            MetaOp::CapsReleased { released } => {
+                self.caps.release(req.session, &released);
+                Ok(MetaResponse::Done)
+            }
             MetaOp::ReadIndex => {
                 Ok(MetaResponse::ReadIndex { index: self.raft.read_index().await? })
             }

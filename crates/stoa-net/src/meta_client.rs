@@ -70,9 +70,29 @@ impl MetaClient {
     /// deadline. Mutations carry a request id, so a retry after a lost reply is answered
     /// with the first result instead of being applied twice.
     pub async fn call(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
-        let started = Instant::now();
         let mutation = req.op.is_mutation();
         let timeout = if mutation { WRITE_TIMEOUT } else { READ_TIMEOUT };
+        self.call_routed(req, mutation, timeout).await
+    }
+
+    /// Sends `req` like [`MetaClient::call`], but to the leader when it is known and with
+    /// `timeout` at each replica: for calls only the leader answers that may wait there
+    /// (capability grants and the events long poll).
+    pub async fn call_leader(
+        &self,
+        req: MetaRequest,
+        timeout: Duration,
+    ) -> Result<MetaResponse, FsError> {
+        self.call_routed(req, true, timeout).await
+    }
+
+    async fn call_routed(
+        &self,
+        req: MetaRequest,
+        mutation: bool,
+        timeout: Duration,
+    ) -> Result<MetaResponse, FsError> {
+        let started = Instant::now();
         let req = Request::Meta(req);
         let mut backoff = Duration::from_millis(10);
         let mut failed_in_a_row = 0;

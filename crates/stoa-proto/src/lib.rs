@@ -26,8 +26,8 @@ pub use frame::{
     PAYLOAD_LEN_MAX,
 };
 pub use meta::{
-    ChunkServerStatus, ClusterStatus, FileLock, LockKind, LockOwner, MetaMemberStatus, MetaOp,
-    MetaRequest, MetaResponse, RepairProgress, SessionGrant,
+    CapMode, CapRef, ChunkServerStatus, ClusterStatus, FileLock, HeldCap, LockKind, LockOwner,
+    MetaMemberStatus, MetaOp, MetaRequest, MetaResponse, RepairProgress, SessionGrant,
 };
 
 use serde::{Deserialize, Serialize};

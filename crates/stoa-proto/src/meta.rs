@@ -216,6 +216,51 @@ pub enum MetaOp {
     ChunkServerFull {
         node: NodeId,
     },
+    /// Asks the leader for a capability on `ino` (see docs/flows/caps.md). With `name`,
+    /// looks `name` up in directory `ino` instead: the caller gets `Shared` on the
+    /// directory and `mode` on the child. Answered with [`MetaResponse::Caps`] once every
+    /// conflicting holder has let go.
+    GetCaps {
+        ino: InodeId,
+        name: Option<Vec<u8>>,
+        mode: CapMode,
+    },
+    /// The long poll of a client's events stream: answered with
+    /// [`MetaResponse::CapEvents`] as soon as recalls are queued for the session, or
+    /// empty after a short hold. Carries every cap the client holds, which a new leader
+    /// takes as the session's reassertion; renews the session like `RenewSession`.
+    CapEvents {
+        held: Vec<HeldCap>,
+    },
+    /// The client dropped these caps (answering recalls) and every cache under them.
+    CapsReleased {
+        released: Vec<CapRef>,
+    },
+}
+
+/// What a capability lets its holder cache (docs/flows/caps.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum CapMode {
+    /// Cache attributes, entries and pages.
+    Shared,
+    /// Also buffer writes and keep size and mtime locally.
+    Exclusive,
+}
+
+/// One cap a client holds: the inode, its mode, and the sequence number of its grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldCap {
+    pub ino: InodeId,
+    pub mode: CapMode,
+    pub seq: u64,
+}
+
+/// A grant named by inode and sequence number: what a recall takes back and an ack
+/// gives up (every grant of that inode up to `seq`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapRef {
+    pub ino: InodeId,
+    pub seq: u64,
 }
 
 /// Who holds a lock: a process (POSIX locks) or an open file (OFD and flock locks) of
@@ -272,6 +317,9 @@ impl MetaOp {
                 | MetaOp::AddReplica { .. }
                 | MetaOp::RemoveReplica { .. }
                 | MetaOp::ChunkServerFull { .. }
+                | MetaOp::GetCaps { .. }
+                | MetaOp::CapEvents { .. }
+                | MetaOp::CapsReleased { .. }
         )
     }
 }
@@ -321,6 +369,19 @@ pub enum MetaResponse {
     /// mutations directly.
     Renewed {
         leader: Option<SocketAddr>,
+    },
+    /// A grant: `mode` on `attr.ino` as of `seq`, and for a lookup `Shared` on the
+    /// directory as of `dir_seq` (0 otherwise). `attr` is read after every conflicting
+    /// holder let go.
+    Caps {
+        attr: Attr,
+        mode: CapMode,
+        seq: u64,
+        dir_seq: u64,
+    },
+    /// Recalls queued for the polling session; empty when the hold ran out first.
+    CapEvents {
+        recalls: Vec<CapRef>,
     },
 }
 

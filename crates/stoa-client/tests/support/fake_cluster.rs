@@ -33,6 +33,7 @@ pub struct State {
     pub chunk_writes: u64,
     answered: HashMap<(u64, u64), Reply>,
     next_ino: u64,
+    cap_seq: u64,
 }
 
 pub struct FakeCluster {
@@ -100,6 +101,12 @@ impl FakeCluster {
 impl stoa_net::Handler for Handler {
     async fn handle(&self, req: Request, payload: Bytes, _: SocketAddr) -> (Reply, Bytes) {
         match req {
+            // A one-client meta never recalls: the events poll just waits and answers
+            // empty, as the real one does after its hold.
+            Request::Meta(m) if matches!(m.op, MetaOp::CapEvents { .. }) => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                (self.meta(m), Bytes::new())
+            }
             Request::Meta(m) => (self.meta(m), Bytes::new()),
             Request::Chunk(c) => self.chunk(c, payload),
             Request::Raft(_) => (Err(FsError::NotSupported), Bytes::new()),
@@ -266,6 +273,23 @@ impl Handler {
                 files: st.attrs.len() as u64,
             }),
             MetaOp::CloseSession => MetaResponse::Done,
+            // One client: every cap is granted at once, and nothing is ever recalled.
+            MetaOp::GetCaps { ino, name, mode } => {
+                let ino = match name {
+                    None => ino.0,
+                    Some(name) => *st
+                        .dirs
+                        .get(&ino.0)
+                        .ok_or(FsError::NotDir)?
+                        .get(&name)
+                        .ok_or(FsError::NotFound)?,
+                };
+                st.cap_seq += 1;
+                let attr = st.attrs.get(&ino).cloned().ok_or(FsError::NotFound)?;
+                MetaResponse::Caps { attr, mode, seq: st.cap_seq, dir_seq: st.cap_seq }
+            }
+            MetaOp::CapEvents { .. } => MetaResponse::CapEvents { recalls: vec![] },
+            MetaOp::CapsReleased { .. } => MetaResponse::Done,
             _ => return Err(FsError::NotSupported),
         })
     }

@@ -1,0 +1,566 @@
+//! Capabilities on the client side (docs/flows/caps.md): what this session may cache,
+//! the events stream that brings recalls, and the recall itself.
+//!
+//! ```text
+//!  op on ino --> usable cap? --yes--> gate (shared) --> cached attr / buffered write
+//!            |             \-no, being recalled--> uncapped: read the chunks, write through
+//!            \-no--> GetCaps at the leader --> store the grant unless already recalled
+//!
+//!  events task: CapEvents (long poll, carries held caps) --> Recall{ino, seq}
+//!     --> gate (alone): drop the cap, flush write-behind, drop readahead and size
+//!     --> kernel: inval_entry for every name given out, inval_inode (pages, attrs),
+//!         again while uncapped reads or writes ran meanwhile (they hold kernel pages)
+//!     --> CapsReleased{ino, seq}
+//! ```
+//!
+//! Uncapped operations during a recall are safe: nobody else can hold a conflicting cap
+//! until this client acks, so the chunks and meta hold the truth. They must not wait for
+//! a grant, because the kernel holds the pages they fill locked, and the invalidation
+//! the recall is waiting for would wait for those pages.
+
+use crate::client::{Client, Shared};
+use crate::session::unexpected;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+use stoa_proto::{CapMode, CapRef, HeldCap, MetaOp, MetaResponse};
+use stoa_types::{Attr, FsError, InodeId, SessionId};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+
+/// The longest TTL handed to the kernel under a cap. Shorter when the cap's validity
+/// ends sooner (invariant 7).
+const KERNEL_TTL_MAX: Duration = Duration::from_secs(60);
+/// How long a cap call may wait at the leader: a dead holder blocks it for up to a lease.
+const GRANT_TIMEOUT_EXTRA: Duration = Duration::from_secs(5);
+/// How long a poll of the events stream may take at the leader (it holds it a second).
+const POLL_TIMEOUT: Duration = Duration::from_secs(4);
+/// Pause after a failed poll.
+const POLL_RETRY: Duration = Duration::from_millis(100);
+/// Pause while uncapped operations of a recalled inode finish.
+const UNCAPPED_WAIT: Duration = Duration::from_millis(2);
+
+/// The kernel's caches, as a front end exposes them (FUSE notify). Calls may block.
+pub trait KernelCache: Send + Sync {
+    /// Drops the kernel's cached attributes and pages of `ino`.
+    fn inval_inode(&self, ino: InodeId);
+    /// Drops the kernel's cached entry `name` in directory `parent`.
+    fn inval_entry(&self, parent: InodeId, name: &[u8]);
+}
+
+/// One cap this client holds.
+struct Held {
+    mode: CapMode,
+    seq: u64,
+    attr: Option<Attr>,
+    /// Names looked up in this directory under the cap, and their inodes.
+    names: HashMap<Vec<u8>, InodeId>,
+}
+
+/// An inode being recalled: operations on it run uncapped and are counted.
+#[derive(Default)]
+struct Recalling {
+    /// Nested recalls of the inode.
+    depth: u32,
+    inflight: u32,
+    /// Uncapped operations finished so far.
+    served: u64,
+}
+
+#[derive(Default)]
+struct Table {
+    held: HashMap<InodeId, Held>,
+    /// The highest sequence recalled per inode: a grant at or below it came too late.
+    recalled: HashMap<InodeId, u64>,
+    recalling: HashMap<InodeId, Recalling>,
+    gates: HashMap<InodeId, Arc<RwLock<()>>>,
+    /// Caps are usable until then (the last renewal sent, plus most of a lease).
+    valid_until: Option<Instant>,
+}
+
+/// The client's caps.
+pub(crate) struct Caps {
+    table: Mutex<Table>,
+    kernel: OnceLock<Arc<dyn KernelCache>>,
+}
+
+/// How an operation may go ahead on an inode; kept while the operation relies on it.
+pub(crate) enum Access {
+    /// Under a usable cap, which no recall takes while this is held.
+    Capped { _gate: OwnedRwLockReadGuard<()> },
+    /// The inode is being recalled: go ahead without caching; the recall counts the
+    /// operation until this is dropped.
+    Uncapped { _counted: UncappedGuard },
+}
+
+/// Counts one uncapped operation of a recalled inode until dropped.
+pub(crate) struct UncappedGuard {
+    caps: Weak<Shared>,
+    ino: InodeId,
+}
+
+impl Drop for UncappedGuard {
+    fn drop(&mut self) {
+        if let Some(sh) = self.caps.upgrade() {
+            let mut t = sh.caps.lock();
+            if let Some(r) = t.recalling.get_mut(&self.ino) {
+                r.inflight -= 1;
+                r.served += 1;
+            }
+        }
+    }
+}
+
+impl Caps {
+    pub fn new() -> Caps {
+        Caps { table: Mutex::new(Table::default()), kernel: OnceLock::new() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().expect("caps lock poisoned")
+    }
+
+    pub fn set_kernel(&self, kernel: Arc<dyn KernelCache>) {
+        let _ = self.kernel.set(kernel);
+    }
+
+    /// What is left of the caps' validity, if any.
+    fn remaining(t: &Table) -> Option<Duration> {
+        t.valid_until.and_then(|until| until.checked_duration_since(Instant::now()))
+    }
+
+    /// Whether this client holds a usable cap of at least `mode` on `ino`.
+    pub fn holds(&self, ino: InodeId, mode: CapMode) -> bool {
+        let t = self.lock();
+        Caps::remaining(&t).is_some() && t.held.get(&ino).is_some_and(|h| h.mode >= mode)
+    }
+
+    /// The kernel TTL for what this client knows of `ino`: zero without a usable cap.
+    pub fn ttl(&self, ino: InodeId) -> Duration {
+        let t = self.lock();
+        match Caps::remaining(&t) {
+            Some(left) if t.held.contains_key(&ino) => left.min(KERNEL_TTL_MAX),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The cached attributes of `ino` and their kernel TTL, under a usable cap.
+    pub fn cached_attr(&self, ino: InodeId) -> Option<(Attr, Duration)> {
+        let t = self.lock();
+        let left = Caps::remaining(&t)?;
+        let attr = t.held.get(&ino)?.attr.clone()?;
+        Some((attr, left.min(KERNEL_TTL_MAX)))
+    }
+
+    /// The inode cached for `name` in `parent`, under a usable cap on the directory.
+    pub fn cached_name(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
+        let t = self.lock();
+        Caps::remaining(&t)?;
+        t.held.get(&parent)?.names.get(name).copied()
+    }
+
+    /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held.
+    pub fn update_attr(&self, attr: Attr) {
+        if let Some(h) = self.lock().held.get_mut(&attr.ino) {
+            h.attr = Some(attr);
+        }
+    }
+
+    /// Forgets what this client's own change made stale: the attributes of `inodes`
+    /// and the names `names`.
+    pub fn forget(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
+        let mut t = self.lock();
+        for ino in inodes {
+            if let Some(h) = t.held.get_mut(ino) {
+                h.attr = None;
+            }
+        }
+        for (parent, name) in names {
+            if let Some(h) = t.held.get_mut(parent) {
+                h.names.remove(*name);
+            }
+        }
+    }
+
+    /// Forgets the attributes of every hard-linked inode: a name this client removed may
+    /// have been one of theirs without this client having looked it up.
+    pub fn forget_linked(&self) {
+        for h in self.lock().held.values_mut() {
+            if h.attr.as_ref().is_some_and(|a| a.nlink > 1) {
+                h.attr = None;
+            }
+        }
+    }
+
+    fn gate(&self, ino: InodeId) -> Arc<RwLock<()>> {
+        self.lock().gates.entry(ino).or_default().clone()
+    }
+
+    /// Stores a grant unless a recall already named it. Returns whether it was stored.
+    fn store(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
+        let mut t = self.lock();
+        let late =
+            |t: &Table, ino: InodeId, seq: u64| t.recalled.get(&ino).is_some_and(|&r| r >= seq);
+        let mut stored = false;
+        if !late(&t, grant.attr.ino, grant.seq) {
+            let h = t.held.entry(grant.attr.ino).or_insert(Held {
+                mode: grant.mode,
+                seq: grant.seq,
+                attr: None,
+                names: HashMap::new(),
+            });
+            h.mode = h.mode.max(grant.mode);
+            h.seq = h.seq.max(grant.seq);
+            h.attr = Some(grant.attr.clone());
+            stored = true;
+        }
+        if let Some((parent, name)) = dir {
+            if stored && !late(&t, parent, grant.dir_seq) {
+                let h = t.held.entry(parent).or_insert(Held {
+                    mode: CapMode::Shared,
+                    seq: grant.dir_seq,
+                    attr: None,
+                    names: HashMap::new(),
+                });
+                h.seq = h.seq.max(grant.dir_seq);
+                h.names.insert(name.to_vec(), grant.attr.ino);
+            }
+        }
+        stored
+    }
+
+    /// Every cap held, for the events stream (a new leader takes it as reassertion).
+    fn held_list(&self) -> Vec<HeldCap> {
+        let t = self.lock();
+        t.held.iter().map(|(ino, h)| HeldCap { ino: *ino, mode: h.mode, seq: h.seq }).collect()
+    }
+
+    /// Starts recalling `r`: later operations on the inode run uncapped. Returns the cap
+    /// it takes away, if this client still had it.
+    fn begin_recall(&self, r: CapRef) -> Option<Held> {
+        let mut t = self.lock();
+        let recalled = t.recalled.entry(r.ino).or_insert(0);
+        *recalled = (*recalled).max(r.seq);
+        t.recalling.entry(r.ino).or_default().depth += 1;
+        match t.held.get(&r.ino) {
+            Some(h) if h.seq <= r.seq => t.held.remove(&r.ino),
+            _ => None,
+        }
+    }
+
+    /// Ends a recall if no uncapped operation ran since `served` and none is running.
+    fn try_end_recall(&self, ino: InodeId, served: u64) -> bool {
+        let mut t = self.lock();
+        let Some(r) = t.recalling.get_mut(&ino) else { return true };
+        if r.inflight > 0 || r.served != served {
+            return false;
+        }
+        r.depth -= 1;
+        if r.depth == 0 {
+            t.recalling.remove(&ino);
+        }
+        true
+    }
+
+    fn served(&self, ino: InodeId) -> Option<(u32, u64)> {
+        self.lock().recalling.get(&ino).map(|r| (r.inflight, r.served))
+    }
+
+    /// Records a renewal sent at `sent`: caps stay usable for three quarters of a lease
+    /// after it. A new meta leader waits as long before it grants caps no session has
+    /// reasserted (stoa-metad `caps.rs::await_grace`), so keep the two in step.
+    fn renewed(&self, sent: Instant, lease: Duration) {
+        let until = sent + lease * 3 / 4;
+        let mut t = self.lock();
+        t.valid_until = Some(t.valid_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// Drops every cap (the session expired or could not renew in time); returns what
+    /// the kernel must forget.
+    fn drop_all(&self) -> Vec<(InodeId, Held)> {
+        let mut t = self.lock();
+        t.valid_until = None;
+        t.held.drain().collect()
+    }
+
+    fn kernel(&self) -> Option<Arc<dyn KernelCache>> {
+        self.kernel.get().cloned()
+    }
+}
+
+/// Keeps the caps of some inodes from being recalled until the kernel has the answer
+/// given under them: a recall invalidates the kernel only after it is dropped, so the
+/// kernel never caches an answer after the invalidation that should have removed it.
+pub struct Pinned {
+    _guards: Vec<OwnedRwLockReadGuard<()>>,
+}
+
+impl Pinned {
+    /// Pins nothing: for answers that need no cap to stay true (this client's own change).
+    pub fn none() -> Pinned {
+        Pinned { _guards: Vec::new() }
+    }
+}
+
+/// A grant from the leader.
+struct Grant {
+    attr: Attr,
+    mode: CapMode,
+    seq: u64,
+    /// The directory's grant, for a lookup.
+    dir_seq: u64,
+}
+
+impl Client {
+    /// Lets the client drop the front end's kernel caches on recalls.
+    pub fn set_kernel_cache(&self, kernel: Arc<dyn KernelCache>) {
+        self.sh.caps.set_kernel(kernel);
+    }
+
+    /// The TTL the kernel may cache what this client said of `ino`.
+    pub fn cache_ttl(&self, ino: InodeId) -> Duration {
+        self.sh.caps.ttl(ino)
+    }
+
+    /// Whether the kernel may keep its cached pages of `ino` on open: this client holds
+    /// a cap, so they were dropped on every change elsewhere.
+    pub fn may_keep_cache(&self, ino: InodeId) -> bool {
+        self.sh.caps.holds(ino, CapMode::Shared)
+    }
+
+    /// Asks the leader for `mode` on `ino` (or, with `name`, on the child `name` of
+    /// directory `ino`) and caches the answer if it was not recalled meanwhile.
+    /// Returns the attributes and whether they may be cached.
+    pub(crate) async fn acquire(
+        &self,
+        ino: InodeId,
+        name: Option<&[u8]>,
+        mode: CapMode,
+    ) -> Result<(Attr, bool), FsError> {
+        let lease = Duration::from_millis(self.session().lease_ms);
+        let op = MetaOp::GetCaps { ino, name: name.map(<[u8]>::to_vec), mode };
+        let sent = Instant::now();
+        let grant = match self.sh.session.call_leader(op, lease + GRANT_TIMEOUT_EXTRA).await? {
+            MetaResponse::Caps { attr, mode, seq, dir_seq } => Grant { attr, mode, seq, dir_seq },
+            other => return Err(unexpected("GetCaps", &other)),
+        };
+        self.sh.caps.renewed(sent, lease);
+        let stored = self.sh.caps.store(&grant, name.map(|n| (ino, n)));
+        if stored {
+            if let Some(file) = self.sh.open_file(grant.attr.ino) {
+                file.lock().meta_size = Some(grant.attr.size);
+            }
+        }
+        Ok((grant.attr, stored))
+    }
+
+    /// Pins the caps of `inodes` (see [`Pinned`]), in inode order so that pins never wait
+    /// on each other in a cycle.
+    pub(crate) async fn pin(&self, inodes: &[InodeId]) -> Pinned {
+        let mut inodes = inodes.to_vec();
+        inodes.sort();
+        inodes.dedup();
+        let mut guards = Vec::with_capacity(inodes.len());
+        for ino in inodes {
+            guards.push(self.sh.caps.gate(ino).read_owned().await);
+        }
+        Pinned { _guards: guards }
+    }
+
+    /// The attributes of `ino`, from the cache under a cap or from a new grant, with the
+    /// TTL the kernel may keep them and a pin to hold until the kernel has them.
+    pub async fn getattr_cached(&self, ino: InodeId) -> Result<(Attr, Duration, Pinned), FsError> {
+        if self.sh.caps.cached_attr(ino).is_none() {
+            self.acquire(ino, None, CapMode::Shared).await?;
+        }
+        let pin = self.pin(&[ino]).await;
+        match self.sh.caps.cached_attr(ino) {
+            Some((attr, ttl)) => Ok((self.adjust(attr), ttl, pin)),
+            None => {
+                // Recalled as soon as it came: answer from meta, cache nothing.
+                drop(pin);
+                let attr = self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?;
+                Ok((self.adjust(attr), Duration::ZERO, Pinned::none()))
+            }
+        }
+    }
+
+    /// Looks `name` up in `parent`, from the cache under caps or from a new grant, with
+    /// the TTL the kernel may keep the entry and attributes, and a pin (see
+    /// [`Client::getattr_cached`]).
+    pub async fn lookup_cached(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+    ) -> Result<(Attr, Duration, Pinned), FsError> {
+        let cached = |c: &Client| {
+            let ino = c.sh.caps.cached_name(parent, name)?;
+            let (attr, ttl) = c.sh.caps.cached_attr(ino)?;
+            Some((attr, ttl.min(c.sh.caps.ttl(parent))))
+        };
+        let fresh = match cached(self) {
+            Some(_) => None,
+            None => Some(self.acquire(parent, Some(name), CapMode::Shared).await?.0),
+        };
+        let ino =
+            fresh.as_ref().map_or_else(|| self.sh.caps.cached_name(parent, name), |a| Some(a.ino));
+        let pin = self.pin(&[parent, ino.unwrap_or(parent)]).await;
+        match (cached(self), fresh) {
+            (Some((attr, ttl)), _) => Ok((self.adjust(attr), ttl, pin)),
+            (None, Some(attr)) => Ok((self.adjust(attr), Duration::ZERO, Pinned::none())),
+            (None, None) => {
+                drop(pin);
+                let (attr, _) = self.acquire(parent, Some(name), CapMode::Shared).await?;
+                Ok((self.adjust(attr), Duration::ZERO, Pinned::none()))
+            }
+        }
+    }
+
+    /// Waits until an operation on `ino` may go ahead with `mode`, getting the cap from
+    /// the leader when needed.
+    pub(crate) async fn access(&self, ino: InodeId, mode: CapMode) -> Result<Access, FsError> {
+        loop {
+            {
+                let mut t = self.sh.caps.lock();
+                if let Some(r) = t.recalling.get_mut(&ino) {
+                    r.inflight += 1;
+                    let guard = UncappedGuard { caps: Arc::downgrade(&self.sh), ino };
+                    return Ok(Access::Uncapped { _counted: guard });
+                }
+            }
+            if self.sh.caps.holds(ino, mode) {
+                let guard = self.sh.caps.gate(ino).read_owned().await;
+                // A recall may have taken the cap while this waited for the gate.
+                if self.sh.caps.holds(ino, mode) {
+                    return Ok(Access::Capped { _gate: guard });
+                }
+                continue;
+            }
+            self.acquire(ino, None, mode).await?;
+        }
+    }
+}
+
+/// Runs the events stream of `sh`'s session until the client goes away: polls the
+/// leader, handles recalls, and drops every cap when the session was lost or could not be
+/// renewed in time.
+pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(sh);
+    tokio::spawn(async move {
+        loop {
+            let Some(sh) = weak.upgrade() else { return };
+            let session = sh.session.id();
+            let lease = Duration::from_millis(sh.session.grant().lease_ms);
+            let held = sh.caps.held_list();
+            let sent = Instant::now();
+            let polled = sh.session.call_leader(MetaOp::CapEvents { held }, POLL_TIMEOUT).await;
+            match polled {
+                Ok(MetaResponse::CapEvents { recalls }) => {
+                    sh.caps.renewed(sent, lease);
+                    for r in recalls {
+                        tokio::spawn(recall(sh.clone(), r));
+                    }
+                }
+                Ok(other) => tracing::warn!("{}", unexpected("CapEvents", &other)),
+                Err(FsError::SessionExpired) => {
+                    forget_everything(&sh).await;
+                    if let Err(e) = sh.session.reopen(session).await {
+                        tracing::warn!("reopening the meta session: {e}");
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("polling for cap recalls failed: {e}");
+                    if sh.caps.lock().valid_until.is_some_and(|u| u <= Instant::now()) {
+                        tracing::warn!("no renewal for most of a lease: dropping every cap");
+                        forget_everything(&sh).await;
+                    }
+                    drop(sh);
+                    tokio::time::sleep(POLL_RETRY).await;
+                }
+            }
+        }
+    })
+}
+
+/// Drops every cap and what was cached under them, the kernel's caches included.
+async fn forget_everything(sh: &Arc<Shared>) {
+    let dropped = sh.caps.drop_all();
+    for (ino, _) in &dropped {
+        if let Some(file) = sh.open_file(*ino) {
+            let mut inner = file.lock();
+            inner.prefetched.clear();
+            inner.meta_size = None;
+        }
+    }
+    invalidate_kernel(sh, dropped).await;
+}
+
+/// Tells the kernel to forget the inodes and the names given out under `dropped`.
+async fn invalidate_kernel(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
+    let Some(kernel) = sh.caps.kernel() else { return };
+    let task = tokio::task::spawn_blocking(move || {
+        for (ino, held) in dropped {
+            for name in held.names.keys() {
+                kernel.inval_entry(ino, name);
+            }
+            kernel.inval_inode(ino);
+        }
+    });
+    if let Err(e) = task.await {
+        tracing::warn!("kernel cache invalidation task: {e}");
+    }
+}
+
+/// Answers one recall: waits for the users of the cap, flushes the file's buffered
+/// writes, drops what was cached under the cap (here and in the kernel), then acks.
+async fn recall(sh: Arc<Shared>, r: CapRef) {
+    let session = sh.session.id();
+    tracing::debug!("meta recalls the cap on inode {} (grant {})", r.ino, r.seq);
+    let gate = sh.caps.gate(r.ino);
+    let dropped = {
+        let _alone = gate.write().await;
+        let dropped = sh.caps.begin_recall(r);
+        if dropped.is_some() {
+            if let Some(file) = sh.open_file(r.ino) {
+                if let Err(e) = file.flush_unowned(&sh).await {
+                    // The file keeps the error for every handle's next flush, fsync
+                    // or close.
+                    tracing::warn!("flushing inode {} for a recall: {e}", r.ino);
+                }
+                let mut inner = file.lock();
+                inner.prefetched.clear();
+                inner.meta_size = None;
+            }
+        }
+        dropped
+    };
+    // Operations that ran uncapped meanwhile may have filled kernel pages: drop them
+    // again until a pass saw none.
+    let mut dropped = dropped.map(|held| vec![(r.ino, held)]);
+    while let Some((inflight, served)) = sh.caps.served(r.ino) {
+        if inflight > 0 {
+            tokio::time::sleep(UNCAPPED_WAIT).await;
+            continue;
+        }
+        let names = dropped.take().unwrap_or_else(|| vec![(r.ino, empty_held())]);
+        invalidate_kernel(&sh, names).await;
+        if sh.caps.try_end_recall(r.ino, served) {
+            break;
+        }
+    }
+    ack(&sh, session, r).await;
+}
+
+fn empty_held() -> Held {
+    Held { mode: CapMode::Shared, seq: 0, attr: None, names: HashMap::new() }
+}
+
+/// Tells the leader the cap is gone. A lost ack costs the recaller a lease at most.
+async fn ack(sh: &Shared, session: SessionId, r: CapRef) {
+    if sh.session.id() != session {
+        return;
+    }
+    let op = MetaOp::CapsReleased { released: vec![r] };
+    if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
+        tracing::warn!("acking the recall of inode {}: {e}", r.ino);
+    }
+}

@@ -1,0 +1,485 @@
+//! Capabilities: the leader's record of which client session may cache what of which
+//! inode, and the recalls that take caps back (docs/flows/caps.md).
+//!
+//! ```text
+//!  GetCaps(ino, mode) --> grace over? --> try_register: conflicts? --yes--> recall them,
+//!        ^                                     | no                     wait acks / leases
+//!        +-------------------------------------+--------------------------------+
+//!                                          registered (seq) --> read attr --> Caps
+//!
+//!  mutation by S --> touched inodes --> propose --> recall every other holder --> answer
+//!  CapEvents (long poll): reassert held caps once per term, wait for queued recalls
+//!  CapsReleased: drop the acked grants, wake waiting recalls
+//! ```
+//!
+//! Caps are soft state of the leader, like session leases: they change on every cold
+//! `stat` and would cost a Raft entry each. A new leader starts empty, in a grace period
+//! that lasts until every open session has reasserted its caps (first poll) or a lease
+//! has passed, and grants nothing and answers no mutation meanwhile.
+
+use crate::service::Node;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use stoa_proto::{CapMode, CapRef, HeldCap, MetaOp, MetaResponse};
+use stoa_types::{FsError, InodeId, SessionId};
+use tokio::sync::Notify;
+
+/// How long a poll of the events stream waits for a recall before it answers empty.
+/// Below the client's call timeout at the leader.
+pub(crate) const POLL_HOLD: Duration = Duration::from_millis(1000);
+/// A grant is recalled no sooner than this after it was made, so that its holder uses
+/// it at least once and two writers of one file both make progress.
+const MIN_HOLD: Duration = Duration::from_millis(5);
+/// How often a recall looks at its holders again while waiting.
+const RECALL_RECHECK: Duration = Duration::from_millis(50);
+/// How often a call waiting for the grace period checks it.
+const GRACE_RECHECK: Duration = Duration::from_millis(50);
+
+/// One session's grant of one inode.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    mode: CapMode,
+    seq: u64,
+    granted_at: Instant,
+}
+
+/// One session's events stream.
+#[derive(Default)]
+struct Stream {
+    /// Recalls not yet handed to a poll.
+    queue: Vec<CapRef>,
+    /// Woken (with a stored permit) when a recall is queued.
+    wake: Arc<Notify>,
+    /// Whether the session has reasserted its caps with this leader (or is new).
+    known: bool,
+}
+
+struct State {
+    /// The high bits of every sequence number: a new leader's grants outnumber an old
+    /// one's, so a client can tell a late grant from a recalled one across failovers.
+    term: u64,
+    counter: u64,
+    elected: Instant,
+    /// Whether sessions may still hold caps this leader does not know of.
+    grace: bool,
+    inodes: HashMap<InodeId, HashMap<SessionId, Holder>>,
+    streams: HashMap<SessionId, Stream>,
+}
+
+/// The leader's caps. Restarted with every term.
+pub(crate) struct CapTable {
+    state: Mutex<State>,
+    /// Signalled whenever a holder lets go, for recalls waiting on it.
+    released: Notify,
+}
+
+impl Default for CapTable {
+    fn default() -> CapTable {
+        let state = State {
+            term: 0,
+            counter: 0,
+            elected: Instant::now(),
+            grace: true,
+            inodes: HashMap::new(),
+            streams: HashMap::new(),
+        };
+        CapTable { state: Mutex::new(state), released: Notify::new() }
+    }
+}
+
+/// Whether a holder in `held` mode conflicts with a request for `wanted` by another
+/// session. A mutation conflicts with every holder (it asks as `Exclusive`).
+fn conflicts(held: CapMode, wanted: CapMode) -> bool {
+    held == CapMode::Exclusive || wanted == CapMode::Exclusive
+}
+
+impl CapTable {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("caps lock poisoned")
+    }
+
+    /// Forgets every cap: called when this replica starts leading in `term`.
+    pub fn restart(&self, term: u64) {
+        let mut s = self.lock();
+        s.term = term;
+        s.counter = 0;
+        s.elected = Instant::now();
+        s.grace = true;
+        s.inodes.clear();
+        s.streams.clear();
+        drop(s);
+        self.released.notify_waiters();
+    }
+
+    /// A session opened under this leader holds nothing it could reassert.
+    pub fn opened(&self, session: SessionId) {
+        self.lock().streams.entry(session).or_default().known = true;
+    }
+
+    /// Drops every cap of a session that closed or expired.
+    pub fn drop_session(&self, session: SessionId) {
+        let mut s = self.lock();
+        s.streams.remove(&session);
+        s.inodes.retain(|_, holders| {
+            holders.remove(&session);
+            !holders.is_empty()
+        });
+        drop(s);
+        self.released.notify_waiters();
+    }
+
+    /// Registers `mode` on `ino` for `session` unless another session holds a
+    /// conflicting cap; returns the grant's sequence number or the conflicting holders.
+    fn try_register(
+        &self,
+        session: SessionId,
+        ino: InodeId,
+        mode: CapMode,
+    ) -> Result<u64, Vec<(SessionId, Holder)>> {
+        let mut s = self.lock();
+        let blocking: Vec<(SessionId, Holder)> = s
+            .inodes
+            .get(&ino)
+            .into_iter()
+            .flatten()
+            .filter(|(other, h)| **other != session && conflicts(h.mode, mode))
+            .map(|(other, h)| (*other, *h))
+            .collect();
+        if !blocking.is_empty() {
+            return Err(blocking);
+        }
+        s.counter += 1;
+        let seq = (s.term << 40) | s.counter;
+        let holders = s.inodes.entry(ino).or_default();
+        let mode = holders.get(&session).map_or(mode, |h| h.mode.max(mode));
+        holders.insert(session, Holder { mode, seq, granted_at: Instant::now() });
+        Ok(seq)
+    }
+
+    /// Every holder of `ino` other than `except`.
+    fn others(&self, ino: InodeId, except: SessionId) -> Vec<(SessionId, Holder)> {
+        let s = self.lock();
+        let holders = s.inodes.get(&ino).into_iter().flatten();
+        holders.filter(|(other, _)| **other != except).map(|(o, h)| (*o, *h)).collect()
+    }
+
+    /// Queues a recall of `session`'s grant of `ino` up to `seq` on its events stream.
+    fn queue_recall(&self, session: SessionId, ino: InodeId, seq: u64) {
+        let mut s = self.lock();
+        let stream = s.streams.entry(session).or_default();
+        if !stream.queue.iter().any(|r| r.ino == ino && r.seq >= seq) {
+            stream.queue.push(CapRef { ino, seq });
+        }
+        stream.wake.notify_one();
+    }
+
+    /// Whether `session` still holds a grant of `ino` made at or before `seq`.
+    fn still_holds(&self, session: SessionId, ino: InodeId, seq: u64) -> bool {
+        let s = self.lock();
+        s.inodes.get(&ino).and_then(|h| h.get(&session)).is_some_and(|h| h.seq <= seq)
+    }
+
+    /// Drops `session`'s grant of `ino` (its holder's lease ran out).
+    fn revoke(&self, session: SessionId, ino: InodeId) {
+        let mut s = self.lock();
+        if let Some(holders) = s.inodes.get_mut(&ino) {
+            holders.remove(&session);
+            if holders.is_empty() {
+                s.inodes.remove(&ino);
+            }
+        }
+        drop(s);
+        self.released.notify_waiters();
+    }
+
+    /// The acked grants go: every grant of each inode up to the acked sequence.
+    pub fn release(&self, session: SessionId, released: &[CapRef]) {
+        let mut s = self.lock();
+        for r in released {
+            if let Some(holders) = s.inodes.get_mut(&r.ino) {
+                if holders.get(&session).is_some_and(|h| h.seq <= r.seq) {
+                    holders.remove(&session);
+                }
+                if holders.is_empty() {
+                    s.inodes.remove(&r.ino);
+                }
+            }
+        }
+        drop(s);
+        self.released.notify_waiters();
+    }
+
+    /// Takes a session's reassertion (its first poll this term), then returns its queued
+    /// recalls, waiting up to [`POLL_HOLD`] for one.
+    pub async fn poll(&self, session: SessionId, held: &[HeldCap]) -> Vec<CapRef> {
+        let wake = {
+            let mut s = self.lock();
+            let s = &mut *s;
+            if !s.streams.get(&session).is_some_and(|st| st.known) {
+                reassert(s, session, held);
+            }
+            let stream = s.streams.entry(session).or_default();
+            if !stream.queue.is_empty() {
+                return std::mem::take(&mut stream.queue);
+            }
+            stream.wake.clone()
+        };
+        let _ = tokio::time::timeout(POLL_HOLD, wake.notified()).await;
+        let mut s = self.lock();
+        s.streams.get_mut(&session).map(|st| std::mem::take(&mut st.queue)).unwrap_or_default()
+    }
+}
+
+/// Records the caps `session` says it holds from an earlier leader. One that conflicts
+/// with what this leader already granted (possible only after the grace period ran out)
+/// is recalled at once.
+fn reassert(s: &mut State, session: SessionId, held: &[HeldCap]) {
+    let long_ago = s.elapsed_origin();
+    let mut recalls = Vec::new();
+    for cap in held {
+        let holders = s.inodes.entry(cap.ino).or_default();
+        let clash = holders.iter().any(|(o, h)| *o != session && conflicts(h.mode, cap.mode));
+        if clash {
+            recalls.push(CapRef { ino: cap.ino, seq: cap.seq });
+        } else {
+            holders.insert(session, Holder { mode: cap.mode, seq: cap.seq, granted_at: long_ago });
+        }
+    }
+    let stream = s.streams.entry(session).or_default();
+    stream.known = true;
+    stream.queue.extend(recalls);
+}
+
+impl State {
+    /// An instant old enough that no minimum hold applies to it.
+    fn elapsed_origin(&self) -> Instant {
+        Instant::now().checked_sub(MIN_HOLD).unwrap_or(self.elected)
+    }
+}
+
+/// Waits until this leader knows every cap a session may hold: each open session has
+/// reasserted, or three quarters of a lease passed since the election. A client uses its
+/// caps for three quarters of a lease after it sent its last renewal (stoa-client
+/// `caps.rs`), and every renewal a session sent before the election was sent before it,
+/// so by then a session that did not poll has stopped using them. Ending before a whole
+/// lease also lets a session that never polls (a tool, a test) still act before its
+/// session expires.
+pub(crate) async fn await_grace(node: &Node) -> Result<(), FsError> {
+    let lease = node.raft.session_lease() * 3 / 4;
+    loop {
+        let elected = {
+            let s = node.caps.lock();
+            if !s.grace {
+                return Ok(());
+            }
+            s.elected
+        };
+        let sessions = node.raft.read(stoa_meta::sessions).await?;
+        {
+            let mut s = node.caps.lock();
+            let all_known =
+                sessions.iter().all(|id| s.streams.get(id).is_some_and(|stream| stream.known));
+            if all_known || elected.elapsed() >= lease {
+                s.grace = false;
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(GRACE_RECHECK).await;
+    }
+}
+
+/// Recalls the grants in `targets` of `ino` and waits until each is acked or its
+/// holder's lease ran out.
+async fn recall(node: &Node, ino: InodeId, targets: Vec<(SessionId, Holder)>) {
+    let lease = node.raft.session_lease();
+    for (session, holder) in &targets {
+        let ready = holder.granted_at + MIN_HOLD;
+        if ready > Instant::now() {
+            tokio::time::sleep_until(ready.into()).await;
+        }
+        tracing::debug!("recalling the cap of session {session} on inode {ino}");
+        node.caps.queue_recall(*session, ino, holder.seq);
+    }
+    for (session, holder) in targets {
+        loop {
+            let released = node.caps.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if !node.caps.still_holds(session, ino, holder.seq) {
+                break;
+            }
+            if !node.leases.is_live(session, lease) {
+                tracing::info!(
+                    "session {session} did not answer a recall of inode {ino} within its \
+                     lease: its caps are void"
+                );
+                node.caps.revoke(session, ino);
+                break;
+            }
+            let _ = tokio::time::timeout(RECALL_RECHECK, released).await;
+        }
+    }
+}
+
+/// Grants `mode` on `ino` to `session` once no other session holds a conflicting cap.
+async fn grant(node: &Node, session: SessionId, ino: InodeId, mode: CapMode) -> u64 {
+    loop {
+        match node.caps.try_register(session, ino, mode) {
+            Ok(seq) => return seq,
+            Err(blocking) => recall(node, ino, blocking).await,
+        }
+    }
+}
+
+/// Answers `GetCaps`: the grant, and the attributes read after it was registered.
+pub(crate) async fn get_caps(
+    node: &Node,
+    session: SessionId,
+    ino: InodeId,
+    name: Option<Vec<u8>>,
+    mode: CapMode,
+) -> Result<MetaResponse, FsError> {
+    await_grace(node).await?;
+    let (target, dir_seq) = match name {
+        None => (ino, 0),
+        Some(name) => {
+            // The directory's entries: Shared never conflicts on a directory, which is
+            // never granted Exclusive. Registered before the lookup reads them.
+            let dir_seq = grant(node, session, ino, CapMode::Shared).await;
+            node.raft.linearize().await?;
+            let op = MetaOp::Lookup { parent: ino, name };
+            match node.raft.read(move |kv| stoa_meta::read(kv, &op)).await? {
+                MetaResponse::Attr(attr) => (attr.ino, dir_seq),
+                other => return Err(FsError::Protocol(format!("lookup answered {other:?}"))),
+            }
+        }
+    };
+    let seq = grant(node, session, target, mode).await;
+    node.raft.linearize().await?;
+    let op = MetaOp::GetAttr { ino: target };
+    let attr = match node.raft.read(move |kv| stoa_meta::read(kv, &op)).await {
+        Ok(MetaResponse::Attr(attr)) => attr,
+        Ok(other) => return Err(FsError::Protocol(format!("getattr answered {other:?}"))),
+        Err(e) => {
+            node.caps.release(session, &[CapRef { ino: target, seq }]);
+            return Err(e);
+        }
+    };
+    if mode == CapMode::Exclusive && attr.kind != stoa_types::FileKind::File {
+        node.caps.release(session, &[CapRef { ino: target, seq }]);
+        return Err(FsError::Invalid("only regular files take exclusive caps".into()));
+    }
+    let held = node.caps.lock().inodes.get(&target).and_then(|h| h.get(&session)).map(|h| h.mode);
+    let mode = held.unwrap_or(mode);
+    Ok(MetaResponse::Caps { attr, mode, seq, dir_seq })
+}
+
+/// The inodes whose cached state a mutation changes: their holders in other sessions are
+/// recalled before the mutation is answered. Names are resolved on this leader's state
+/// machine before the mutation applies (a replaced rename target is gone after it).
+pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Vec<InodeId>, FsError> {
+    let (mut inodes, names) = match op {
+        MetaOp::SetAttr { ino, .. }
+        | MetaOp::SetXattr { ino, .. }
+        | MetaOp::RemoveXattr { ino, .. }
+        | MetaOp::CommitWrite { ino, .. }
+        | MetaOp::Purge { ino } => (vec![*ino], vec![]),
+        MetaOp::Create { parent, .. }
+        | MetaOp::CreateOpen { parent, .. }
+        | MetaOp::Mkdir { parent, .. }
+        | MetaOp::Symlink { parent, .. } => (vec![*parent], vec![]),
+        MetaOp::Unlink { parent, name, .. } | MetaOp::Rmdir { parent, name } => {
+            (vec![*parent], vec![(*parent, name.clone())])
+        }
+        MetaOp::Rename { parent, name, new_parent, new_name, .. } => (
+            vec![*parent, *new_parent],
+            vec![(*parent, name.clone()), (*new_parent, new_name.clone())],
+        ),
+        MetaOp::Link { ino, new_parent, .. } => (vec![*ino, *new_parent], vec![]),
+        _ => (vec![], vec![]),
+    };
+    if !names.is_empty() {
+        let children = node
+            .raft
+            .read(move |kv| {
+                let found = names.into_iter().filter_map(|(parent, name)| {
+                    match stoa_meta::read(kv, &MetaOp::Lookup { parent, name }) {
+                        Ok(MetaResponse::Attr(attr)) => Some(attr.ino),
+                        _ => None,
+                    }
+                });
+                Ok(found.collect::<Vec<_>>())
+            })
+            .await?;
+        inodes.extend(children);
+    }
+    inodes.sort();
+    inodes.dedup();
+    Ok(inodes)
+}
+
+/// Recalls every other session's caps on `inodes` (after `session` changed them) and
+/// waits for the acks.
+pub(crate) async fn recall_touched(node: &Node, session: SessionId, inodes: &[InodeId]) {
+    for &ino in inodes {
+        let others = node.caps.others(ino, session);
+        if !others.is_empty() {
+            recall(node, ino, others).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: SessionId = SessionId(1);
+    const B: SessionId = SessionId(2);
+    const X: InodeId = InodeId(10);
+
+    #[test]
+    fn shared_caps_coexist_and_exclusive_excludes() {
+        let t = CapTable::default();
+        t.restart(3);
+        let a = t.try_register(A, X, CapMode::Shared).unwrap();
+        assert_eq!(a >> 40, 3, "the term is in the high bits");
+        let b = t.try_register(B, X, CapMode::Shared).unwrap();
+        assert!(b > a);
+        let blocking = t.try_register(A, X, CapMode::Exclusive).unwrap_err();
+        assert_eq!(blocking.len(), 1);
+        assert_eq!(blocking[0].0, B);
+        t.release(B, &[CapRef { ino: X, seq: b }]);
+        let excl = t.try_register(A, X, CapMode::Exclusive).unwrap();
+        assert!(t.try_register(B, X, CapMode::Shared).is_err());
+        // An ack of an older grant does not drop a newer one.
+        t.release(A, &[CapRef { ino: X, seq: a }]);
+        assert!(t.still_holds(A, X, excl));
+        t.drop_session(A);
+        assert!(t.try_register(B, X, CapMode::Shared).is_ok());
+    }
+
+    #[test]
+    fn a_reasserted_cap_blocks_others_and_a_clashing_one_is_recalled() {
+        let t = CapTable::default();
+        t.restart(4);
+        {
+            let mut s = t.lock();
+            reassert(&mut s, A, &[HeldCap { ino: X, mode: CapMode::Exclusive, seq: 7 }]);
+            reassert(&mut s, B, &[HeldCap { ino: X, mode: CapMode::Shared, seq: 9 }]);
+            assert_eq!(s.streams[&B].queue, vec![CapRef { ino: X, seq: 9 }]);
+            assert!(s.streams[&A].known && s.streams[&B].known);
+        }
+        assert!(t.try_register(B, X, CapMode::Shared).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_poll_returns_queued_recalls_at_once() {
+        let t = CapTable::default();
+        t.restart(1);
+        t.opened(A);
+        t.queue_recall(A, X, 5);
+        t.queue_recall(A, X, 5);
+        assert_eq!(t.poll(A, &[]).await, vec![CapRef { ino: X, seq: 5 }]);
+    }
+}

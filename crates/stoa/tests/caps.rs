@@ -1,0 +1,279 @@
+//! Coherence across mounts through capabilities (docs/flows/caps.md): two mounts of one
+//! cluster behave like two machines (separate sessions and caches), yet a change made on
+//! one is seen by a read or stat that starts on the other after it returned.
+
+mod common;
+
+use common::{sh, Dev, Mount};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn setxattr(path: &Path, name: &str, value: &[u8]) {
+    let (p, n) = (CString::new(path.as_os_str().as_bytes()).unwrap(), CString::new(name).unwrap());
+    // SAFETY: valid C strings and a buffer of the given length.
+    let rc =
+        unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(rc, 0, "setxattr {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+fn getxattr(path: &Path, name: &str) -> Vec<u8> {
+    let (p, n) = (CString::new(path.as_os_str().as_bytes()).unwrap(), CString::new(name).unwrap());
+    let mut buf = vec![0u8; 256];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(rc >= 0, "getxattr {}: {}", path.display(), std::io::Error::last_os_error());
+    buf.truncate(rc as usize);
+    buf
+}
+
+#[test]
+fn a_change_on_one_mount_is_seen_at_once_on_the_other() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let (a, b) = (&dev.mnt, &other.path);
+    let mut options = std::fs::OpenOptions::new();
+    let writer = options.create(true).truncate(true).read(true).write(true).open(a.join("data"));
+    let writer = writer.unwrap();
+    for i in 0..40u64 {
+        // B looks first, so that it has everything cached when A changes it.
+        let _ = std::fs::read(b.join("data")).unwrap();
+        let _ = std::fs::metadata(b.join("data")).unwrap();
+
+        // A write through a handle A keeps open (buffered behind) is read on B.
+        let text = format!("round {i:04}\n");
+        writer.write_all_at(text.as_bytes(), i * 11).unwrap();
+        let seen = std::fs::read(b.join("data")).unwrap();
+        assert_eq!(seen.len() as u64, i * 11 + 11, "B saw the wrong size in round {i}");
+        assert_eq!(&seen[(i * 11) as usize..], text.as_bytes(), "B read stale data in round {i}");
+
+        // chmod and an xattr change.
+        let mode = 0o600 | ((i as u32 % 2) * 0o44);
+        std::fs::set_permissions(a.join("data"), std::fs::Permissions::from_mode(mode)).unwrap();
+        let seen = std::fs::metadata(b.join("data")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(seen, mode, "B saw a stale mode in round {i}");
+        setxattr(&a.join("data"), "user.round", text.as_bytes());
+        assert_eq!(getxattr(&b.join("data"), "user.round"), text.as_bytes());
+
+        // A file made, renamed and removed on A.
+        let (x, y) = (format!("x{i}"), format!("y{i}"));
+        std::fs::write(a.join(&x), text.as_bytes()).unwrap();
+        assert_eq!(std::fs::read(b.join(&x)).unwrap(), text.as_bytes());
+        std::fs::rename(a.join(&x), a.join(&y)).unwrap();
+        assert!(!b.join(&x).exists(), "B still sees the old name in round {i}");
+        assert_eq!(std::fs::read(b.join(&y)).unwrap(), text.as_bytes());
+        std::fs::remove_file(a.join(&y)).unwrap();
+        assert!(std::fs::metadata(b.join(&y)).is_err(), "B still sees a removed file in round {i}");
+    }
+    // A truncate on A, seen by a reader on B that keeps its file open.
+    let reader = std::fs::File::open(b.join("data")).unwrap();
+    let mut buf = vec![0u8; 64];
+    for len in [400u64, 100, 33, 0] {
+        let _ = reader.read_at(&mut buf, 0).unwrap();
+        writer.set_len(len).unwrap();
+        assert_eq!(std::fs::metadata(b.join("data")).unwrap().len(), len);
+        assert_eq!(reader.metadata().unwrap().len(), len);
+    }
+}
+
+/// Appends `n` records of exactly 64 bytes to FILE with O_APPEND, one write each,
+/// opening the file once.
+const APPENDER: &str = r#"
+import os, sys
+path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+for i in range(n):
+    rec = ("%s %06d " % (who, i)).ljust(63, ".") + "\n"
+    assert os.write(fd, rec.encode()) == 64
+os.close(fd)
+"#;
+
+fn appender(path: &Path, who: &str, n: u32) -> Child {
+    Command::new("python3")
+        .args(["-c", APPENDER])
+        .arg(path)
+        .arg(who)
+        .arg(n.to_string())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn o_append_is_atomic_across_mounts() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    std::fs::write(dev.mnt.join("log"), b"").unwrap();
+    let n = 150;
+    let writers: Vec<Child> = ["a1", "a2", "b1", "b2"]
+        .iter()
+        .map(|who| {
+            let root = if who.starts_with('a') { &dev.mnt } else { &other.path };
+            appender(&root.join("log"), who, n)
+        })
+        .collect();
+    for mut w in writers {
+        assert!(w.wait().unwrap().success(), "an appender failed");
+    }
+    for root in [&dev.mnt, &other.path] {
+        let text = std::fs::read(root.join("log")).unwrap();
+        assert_eq!(text.len(), 4 * n as usize * 64, "records lost or overwritten");
+        let mut next: HashMap<String, u32> = HashMap::new();
+        for rec in text.chunks(64) {
+            let rec = std::str::from_utf8(rec).expect("a torn record");
+            assert!(rec.ends_with(".\n"), "a torn record: {rec:?}");
+            let mut parts = rec.split(' ');
+            let who = parts.next().unwrap().to_string();
+            let seq: u32 = parts.next().unwrap().parse().expect("a torn record");
+            let want = next.entry(who.clone()).or_insert(0);
+            assert_eq!(seq, *want, "{who}'s records out of order or missing");
+            *want += 1;
+        }
+        assert_eq!(next.len(), 4);
+    }
+}
+
+/// `tail -f` of `path` from the start, its output collected in `out`.
+fn tail(path: &Path, out: &Path) -> Child {
+    let out = std::fs::File::create(out).unwrap();
+    Command::new("tail")
+        .args(["-n", "+1", "-f", "-s", "0.2"])
+        .arg(path)
+        .stdout(out)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The demo users run on GFS2: two machines append lines with `>>` in a shell loop while
+/// `tail -f` runs on each; both tails show every line of both writers, whole, in one
+/// order.
+#[test]
+fn two_shell_loops_append_and_both_tails_see_every_line_in_one_order() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    std::fs::write(dev.mnt.join("shared.log"), b"").unwrap();
+    let outs = [dev.dir.join("../tail-a.txt"), dev.dir.join("../tail-b.txt")];
+    let mut tails = vec![
+        tail(&dev.mnt.join("shared.log"), &outs[0]),
+        tail(&other.path.join("shared.log"), &outs[1]),
+    ];
+    let loop_for = |root: &Path, id: &str| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "cd {} && end=$((SECONDS+6)); while [ $SECONDS -lt $end ]; do \
+                 echo \"{id} $(date +%s.%N)\" >> shared.log; done",
+                root.display()
+            ))
+            .spawn()
+            .unwrap()
+    };
+    let writers = vec![loop_for(&dev.mnt, "A"), loop_for(&other.path, "B")];
+    for mut w in writers {
+        assert!(w.wait().unwrap().success(), "a writer loop failed");
+    }
+    let file = std::fs::read_to_string(dev.mnt.join("shared.log")).unwrap();
+    assert_eq!(file, std::fs::read_to_string(other.path.join("shared.log")).unwrap());
+    let lines: Vec<&str> = file.lines().collect();
+    for line in &lines {
+        let mut parts = line.split(' ');
+        let who = parts.next().unwrap();
+        let when = parts.next().unwrap_or_default();
+        assert!(who == "A" || who == "B", "a torn line: {line:?}");
+        assert!(when.parse::<f64>().is_ok() && parts.next().is_none(), "a torn line: {line:?}");
+    }
+    let count = |who: &str| lines.iter().filter(|l| l.starts_with(who)).count();
+    assert!(count("A ") > 0 && count("B ") > 0, "a writer wrote nothing");
+    println!("{} lines: {} from A, {} from B", lines.len(), count("A "), count("B "));
+    // Each tail shows the whole file, in its order.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for out in &outs {
+        while std::fs::read_to_string(out).unwrap() != file {
+            let shown = std::fs::read_to_string(out).unwrap();
+            assert!(file.starts_with(&shown), "tail showed something else: {out:?}");
+            assert!(Instant::now() < deadline, "tail never showed every line: {out:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for t in &mut tails {
+        let _ = t.kill();
+        let _ = t.wait();
+    }
+}
+
+/// Holds FILE open with a buffered write and an exclusive lock, printing "held", until
+/// killed.
+const HOLDER: &str = r#"
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+os.pwrite(fd, b"held", 0)
+print("held", flush=True)
+time.sleep(3600)
+"#;
+
+fn hold(path: &Path) -> Child {
+    let mut holder = Command::new("python3")
+        .args(["-c", HOLDER])
+        .arg(path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    holder
+}
+
+/// Reads and locks `path` from this mount; returns how long it took.
+fn read_and_lock(path: &Path) -> Duration {
+    let started = Instant::now();
+    let _ = std::fs::read(path).unwrap();
+    let out = sh(&format!(
+        "timeout 60 python3 -c 'import fcntl,os; fd=os.open(\"{}\",os.O_RDWR); \
+         fcntl.lockf(fd, fcntl.LOCK_EX); print(\"ok\")'",
+        path.display()
+    ));
+    assert_eq!(out.trim(), "ok", "the lock of a dead client was never released");
+    started.elapsed()
+}
+
+#[test]
+fn caps_and_locks_of_a_dead_or_stopped_client_go_with_its_lease() {
+    let dev = Dev::start(3, 3);
+    std::fs::write(dev.mnt.join("victim"), b"before").unwrap();
+
+    // kill -9 of the mount process while its process holds a cap with a buffered write
+    // and a lock.
+    let other = Mount::new(&dev, "mnt2");
+    let mut holder = hold(&other.path.join("victim"));
+    // SAFETY: plain kill(2) of a child of ours.
+    unsafe { libc::kill(other.pid() as i32, libc::SIGKILL) };
+    let waited = read_and_lock(&dev.mnt.join("victim"));
+    println!("after kill -9: read and locked in {:.1} s", waited.as_secs_f64());
+    let _ = holder.kill();
+    let _ = holder.wait();
+    drop(other);
+
+    // SIGSTOP of the mount process: its session expires and the other mount goes on.
+    let other = Mount::new(&dev, "mnt3");
+    let mut holder = hold(&other.path.join("victim"));
+    // SAFETY: plain kill(2) of a child of ours.
+    unsafe { libc::kill(other.pid() as i32, libc::SIGSTOP) };
+    let waited = read_and_lock(&dev.mnt.join("victim"));
+    println!("after SIGSTOP: read and locked in {:.1} s", waited.as_secs_f64());
+    assert!(waited < Duration::from_secs(40), "waited {waited:?} for a stopped client");
+    // SAFETY: as above.
+    unsafe { libc::kill(other.pid() as i32, libc::SIGCONT) };
+    let _ = holder.kill();
+    let _ = holder.wait();
+    drop(other);
+    let mut log = std::fs::OpenOptions::new().append(true).open(dev.mnt.join("victim")).unwrap();
+    log.write_all(b" after").unwrap();
+}
