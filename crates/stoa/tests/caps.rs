@@ -195,7 +195,20 @@ fn two_shell_loops_append_and_both_tails_see_every_line_in_one_order() {
     for out in &outs {
         while std::fs::read_to_string(out).unwrap() != file {
             let shown = std::fs::read_to_string(out).unwrap();
-            assert!(file.starts_with(&shown), "tail showed something else: {out:?}");
+            if !file.starts_with(&shown) {
+                let at = file.bytes().zip(shown.bytes()).take_while(|(a, b)| a == b).count();
+                let near = |s: &str| {
+                    s.get(at.saturating_sub(80)..(at + 80).min(s.len()))
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                panic!(
+                    "tail {out:?} differs from the file at byte {at} of {}: file {:?}, tail {:?}",
+                    file.len(),
+                    near(&file),
+                    near(&shown)
+                );
+            }
             assert!(Instant::now() < deadline, "tail never showed every line: {out:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
