@@ -59,8 +59,6 @@ struct Held {
 /// An inode being recalled: operations on it run uncapped and are counted.
 #[derive(Default)]
 struct Recalling {
-    /// Nested recalls of the inode.
-    depth: u32,
     inflight: u32,
     /// Uncapped operations finished so far.
     served: u64,
@@ -239,25 +237,31 @@ impl Caps {
     fn begin_recall(&self, r: CapRef) -> Option<Held> {
         let mut t = self.lock();
         let recalled = t.recalled.entry(r.ino).or_insert(0);
+        // Every grant or change waiting on this holder queues its own recall, so one grant
+        // can be recalled more than once: a repeat must not reopen the uncapped window
+        // after an ack (the leader may have granted the cap elsewhere by then).
+        let repeated = r.seq <= *recalled;
         *recalled = (*recalled).max(r.seq);
-        t.recalling.entry(r.ino).or_default().depth += 1;
+        if !repeated {
+            t.recalling.entry(r.ino).or_default();
+        }
         match t.held.get(&r.ino) {
             Some(h) if h.seq <= r.seq => t.held.remove(&r.ino),
             _ => None,
         }
     }
 
-    /// Ends a recall if no uncapped operation ran since `served` and none is running.
+    /// Ends the recalls of `ino` if no uncapped operation ran since `served` and none is
+    /// running. Every recall of the inode ends with it: the ack that follows may let the
+    /// leader grant the cap to another session, so no uncapped operation may start after
+    /// it, even while a nested recall is still finishing.
     fn try_end_recall(&self, ino: InodeId, served: u64) -> bool {
         let mut t = self.lock();
-        let Some(r) = t.recalling.get_mut(&ino) else { return true };
+        let Some(r) = t.recalling.get(&ino) else { return true };
         if r.inflight > 0 || r.served != served {
             return false;
         }
-        r.depth -= 1;
-        if r.depth == 0 {
-            t.recalling.remove(&ino);
-        }
+        t.recalling.remove(&ino);
         true
     }
 
@@ -546,6 +550,10 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
         if sh.caps.try_end_recall(r.ino, served) {
             break;
         }
+    }
+    // Another recall of the inode ended the window first: drop the names all the same.
+    if let Some(names) = dropped {
+        invalidate_kernel(&sh, names).await;
     }
     ack(&sh, session, r).await;
 }
