@@ -351,7 +351,7 @@ impl Client {
         let stored = self.sh.caps.store(&grant, name.map(|n| (ino, n)));
         if stored {
             if let Some(file) = self.sh.open_file(grant.attr.ino) {
-                file.lock().meta_size = Some(grant.attr.size);
+                file.lock().learn(&grant.attr);
             }
         }
         Ok((grant.attr, stored))

@@ -300,8 +300,8 @@ impl Client {
                 let attr =
                     self.sh.session.call_attr(MetaOp::GetAttr { ino: handle.file.ino }).await?;
                 let mut inner = handle.file.lock();
-                inner.meta_size = Some(attr.size);
-                inner.size().unwrap_or(attr.size)
+                inner.learn(&attr);
+                inner.size_of(&attr)
             }
         };
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
@@ -361,9 +361,9 @@ impl Client {
             let mut inner = file.lock();
             // A size learnt without a cap may be stale by the next read.
             if capped {
-                inner.meta_size = Some(attr.size);
+                inner.learn(&attr);
             }
-            attr.size = attr.size.max(inner.uncommitted_end);
+            attr.size = inner.size_of(&attr);
         }
         attr
     }

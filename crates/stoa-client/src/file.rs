@@ -81,6 +81,9 @@ pub(crate) struct FileInner {
     unsynced: BTreeSet<u64>,
     /// The size meta last reported, if known.
     pub meta_size: Option<u64>,
+    /// The newest inode version meta reported; kept when `meta_size` is dropped, so an
+    /// answer meta gave before it (a GetAttr overtaken by a commit) is not taken.
+    meta_version: u64,
     pub prefetched: BTreeMap<u64, Arc<Prefetch>>,
     pub opens: u32,
 }
@@ -126,6 +129,26 @@ impl FileInner {
             || self.buffer.has_span(span)
     }
 
+    /// Takes the size meta reports in `attr`, unless this file already knows a newer
+    /// version of the inode: a GetAttr answered before this client's last commit can
+    /// arrive after it, and its size would place the next append over committed lines.
+    pub fn learn(&mut self, attr: &Attr) {
+        if attr.version >= self.meta_version {
+            self.meta_version = attr.version;
+            self.meta_size = Some(attr.size);
+        }
+    }
+
+    /// The size to report for `attr`: this client's newer knowledge of meta's size if
+    /// `attr` is older, and further if this client wrote past it.
+    pub fn size_of(&self, attr: &Attr) -> u64 {
+        let meta = match self.meta_size {
+            Some(size) if attr.version < self.meta_version => size,
+            _ => attr.size,
+        };
+        meta.max(self.uncommitted_end)
+    }
+
     /// The size to report: meta's, or further if this client wrote past it.
     pub fn size(&self) -> Option<u64> {
         self.meta_size.map(|s| s.max(self.uncommitted_end))
@@ -153,6 +176,7 @@ impl FileState {
                 error_seq: 0,
                 unsynced: BTreeSet::new(),
                 meta_size: None,
+                meta_version: 0,
                 prefetched: BTreeMap::new(),
                 opens: 0,
             }),
@@ -290,17 +314,11 @@ impl FileState {
             let result = sh.session.call(MetaOp::CommitWrite { ino: self.ino, size: end }).await;
             let mut inner = self.lock();
             match result {
-                Ok(resp) => {
-                    let size = match resp {
-                        MetaResponse::Attr(attr) => {
-                            let size = attr.size;
-                            sh.caps.update_attr(attr);
-                            size
-                        }
-                        _ => end,
-                    };
-                    inner.meta_size = Some(inner.meta_size.map_or(size, |s| s.max(size)));
+                Ok(MetaResponse::Attr(attr)) => {
+                    inner.learn(&attr);
+                    sh.caps.update_attr(attr);
                 }
+                Ok(_) => inner.meta_size = Some(inner.meta_size.map_or(end, |s| s.max(end))),
                 Err(e) => {
                     tracing::warn!("committing writes of inode {} failed: {e}", self.ino);
                     inner.fail(e);
@@ -397,7 +415,7 @@ impl FileState {
         let attr = sh.session.call_attr(MetaOp::SetAttr { ino: self.ino, set }).await?;
         let mut inner = self.lock();
         inner.uncommitted_end = 0;
-        inner.meta_size = Some(attr.size);
+        inner.learn(&attr);
         Ok(attr)
     }
 
@@ -448,4 +466,48 @@ fn enqueue(inner: &mut FileInner, sh: &Shared, extent: Extent) {
         }
     };
     sh.pending_bytes.fetch_add(after - before, Ordering::AcqRel);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoa_types::{FileKind, Timestamp};
+
+    fn attr(size: u64, version: u64) -> Attr {
+        let now = Timestamp::now();
+        Attr {
+            ino: InodeId(7),
+            kind: FileKind::File,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            size,
+            nlink: 1,
+            rdev: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            version,
+        }
+    }
+
+    /// A reader's GetAttr answered before an append's commit but handled after it must
+    /// not shrink the size the next append goes to (it overwrote the committed line).
+    #[test]
+    fn a_size_older_than_the_last_commit_is_not_taken() {
+        let file = FileState::new(InodeId(7), 1 << 20);
+        let mut inner = file.lock();
+        inner.learn(&attr(23, 4));
+        inner.learn(&attr(46, 5));
+        let stale = attr(23, 4);
+        inner.learn(&stale);
+        assert_eq!(inner.size(), Some(46));
+        assert_eq!(inner.size_of(&stale), 46);
+        // A recall drops the size but not the version: a stale answer stays out.
+        inner.meta_size = None;
+        inner.learn(&stale);
+        assert_eq!(inner.size(), None);
+        inner.learn(&attr(69, 6));
+        assert_eq!(inner.size(), Some(69));
+    }
 }

@@ -117,8 +117,8 @@ impl FileState {
         }
         let attr = sh.session.call_attr(MetaOp::GetAttr { ino: self.ino }).await?;
         let mut inner = self.lock();
-        inner.meta_size = Some(attr.size);
-        Ok(inner.size().unwrap_or(attr.size))
+        inner.learn(&attr);
+        Ok(inner.size_of(&attr))
     }
 
     async fn read_piece(&self, sh: &Shared, piece: Piece) -> Result<Bytes, FsError> {
