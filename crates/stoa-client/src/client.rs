@@ -7,7 +7,7 @@ use crate::file::{ErrorCursor, FileState};
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,8 +50,9 @@ pub(crate) struct Shared {
     files: Mutex<HashMap<InodeId, Arc<FileState>>>,
     handles: Mutex<HashMap<u64, Arc<OpenHandle>>>,
     next_handle: AtomicU64,
-    /// `(inode, lock owner)` pairs that may hold cluster-wide locks.
-    pub locked: Mutex<HashSet<(InodeId, u64)>>,
+    /// `(inode, lock owner)` pairs that may hold cluster-wide locks, each with the
+    /// number of locks granted to it so far (see `Client::release_locks`).
+    pub locked: Mutex<HashMap<(InodeId, u64), u64>>,
     /// The task that renews the session lease; stopped on close and on drop.
     renewal: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// What this session may cache (docs/flows/caps.md).
@@ -101,7 +102,7 @@ impl Client {
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
-            locked: Mutex::new(HashSet::new()),
+            locked: Mutex::new(HashMap::new()),
             renewal: Mutex::new(Some(spawn_renewal(&session))),
             session,
             caps: Caps::new(),

@@ -76,14 +76,21 @@ impl Client {
 
     /// Drops every lock `owner` holds on `ino`: a process closed the file (POSIX locks
     /// go with any close) or the last descriptor of an open file went (flock and OFD).
+    ///
+    /// A lock granted to the same owner while this release is under way (another thread
+    /// of the process) may or may not be dropped by it, as with a close racing a lock on
+    /// a local disk; either way it stays remembered, so a later close releases it.
     pub async fn release_locks(&self, ino: InodeId, owner: u64) -> Result<(), FsError> {
-        if !self.sh.locked.lock().expect("locked set poisoned").contains(&(ino, owner)) {
-            return Ok(());
-        }
+        let Some(granted) = self.granted(ino, owner) else { return Ok(()) };
         let all = LockRequest { owner, start: 0, end: u64::MAX, kind: LockKind::Unlock, pid: 0 };
         self.setlk(ino, all, false).await?;
-        self.forget_lock(ino, owner);
+        self.forget_lock(ino, owner, granted);
         Ok(())
+    }
+
+    /// How many locks `(ino, owner)` was granted, if any.
+    fn granted(&self, ino: InodeId, owner: u64) -> Option<u64> {
+        self.sh.locked.lock().expect("locked set poisoned").get(&(ino, owner)).copied()
     }
 
     async fn flush_inode(&self, ino: InodeId) -> Result<(), FsError> {
@@ -106,12 +113,16 @@ impl Client {
         if kind == LockKind::Unlock {
             return;
         }
-        locked.insert((ino, owner));
+        *locked.entry((ino, owner)).or_default() += 1;
     }
 
-    /// Forgets `(ino, owner)` after a full release.
-    fn forget_lock(&self, ino: InodeId, owner: u64) {
-        self.sh.locked.lock().expect("locked set poisoned").remove(&(ino, owner));
+    /// Forgets `(ino, owner)` after a full release, unless it was granted a lock since
+    /// the release began (`granted` is the count the release saw).
+    fn forget_lock(&self, ino: InodeId, owner: u64, granted: u64) {
+        let mut locked = self.sh.locked.lock().expect("locked set poisoned");
+        if locked.get(&(ino, owner)) == Some(&granted) {
+            locked.remove(&(ino, owner));
+        }
     }
 }
 

@@ -4,13 +4,14 @@
 
 use crate::attr::{errno, file_attr, set_time, BLOCK_SIZE_BYTES};
 use crate::dirs::DirStream;
+use crate::locks::LockBook;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
@@ -40,9 +41,7 @@ pub struct StoaFs {
     client: Client,
     rt: tokio::runtime::Handle,
     kernel: Kernel,
-    /// Lock owners that took locks through each open file. The kernel does not say which
-    /// OFD locks an open file held when it is released, so they are dropped from here.
-    lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
+    locks: Arc<LockBook>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_dir: AtomicU64,
 }
@@ -50,8 +49,8 @@ pub struct StoaFs {
 impl StoaFs {
     pub fn new(client: Client, rt: tokio::runtime::Handle, kernel: Kernel) -> StoaFs {
         let (dirs, next_dir) = (Mutex::new(HashMap::new()), AtomicU64::new(1));
-        let lock_owners = Mutex::new(HashMap::new());
-        StoaFs { client, rt, kernel, lock_owners, dirs, next_dir }
+        let locks = Arc::new(LockBook::default());
+        StoaFs { client, rt, kernel, locks, dirs, next_dir }
     }
 
     /// Runs `op` with a clone of the client on the runtime.
@@ -395,9 +394,12 @@ impl Filesystem for StoaFs {
         reply: ReplyEmpty,
     ) {
         // Any close drops the closing process's POSIX locks on the file.
+        let mut unlock = self.locks.unlocking(i.0, lock_owner.0);
         self.spawn(|c| async move {
             let flushed = c.flush(fh(h)).await;
+            unlock.ready().await;
             let unlocked = c.release_locks(ino(i), lock_owner.0).await;
+            drop(unlock);
             reply_empty(reply, "flush", flushed.and(unlocked));
         });
     }
@@ -413,16 +415,12 @@ impl Filesystem for StoaFs {
         reply: ReplyEmpty,
     ) {
         // The last close of an open file drops its flock and OFD locks.
-        let mut owners = self.lock_owners.lock().expect("lock owners poisoned").remove(&h.0);
-        let owners: Vec<u64> = owners
-            .get_or_insert_with(HashSet::new)
-            .drain()
-            .chain(lock_owner.map(|o| o.0))
-            .collect();
+        let unlocks = self.locks.closing(h.0, i.0, lock_owner.map(|o| o.0));
         self.spawn(|c| async move {
             let mut unlocked = Ok(());
-            for owner in owners {
-                unlocked = unlocked.and(c.release_locks(ino(i), owner).await);
+            for mut unlock in unlocks {
+                unlock.ready().await;
+                unlocked = unlocked.and(c.release_locks(ino(i), unlock.owner()).await);
             }
             reply_empty(reply, "release", c.release(fh(h)).await.and(unlocked));
         });
@@ -460,12 +458,12 @@ impl Filesystem for StoaFs {
     ) {
         let Some(kind) = crate::locks::kind(typ) else { return reply.error(Errno::EINVAL) };
         let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
-        if kind != stoa_client::LockKind::Unlock {
-            let mut owners = self.lock_owners.lock().expect("lock owners poisoned");
-            owners.entry(fh_raw.0).or_default().insert(lock_owner.0);
-        }
+        let earlier = self.locks.locking(fh_raw.0, i.0, lock_owner.0);
         let kernel = self.kernel.clone();
-        self.spawn(|c| crate::locks::setlk(c, kernel, ino(i), req, sleep, reply));
+        self.spawn(|c| async move {
+            crate::locks::after(earlier).await;
+            crate::locks::setlk(c, kernel, ino(i), req, sleep, reply).await
+        });
     }
 
     fn fsync(

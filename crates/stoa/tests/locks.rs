@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{sh, Dev, Mount};
+use common::{sh, wait_all_within, Dev, Mount};
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -41,12 +41,6 @@ fn counter_run(file: &Path, n: u32, kind: &str) -> Child {
         .unwrap()
 }
 
-fn wait_all(children: Vec<Child>) {
-    for mut c in children {
-        assert!(c.wait().unwrap().success(), "a locking process failed");
-    }
-}
-
 #[test]
 fn locks_serialize_processes_on_two_mounts() {
     let dev = Dev::start(3, 3);
@@ -60,7 +54,7 @@ fn locks_serialize_processes_on_two_mounts() {
             counter_run(&other.path.join(&name), 25, kind),
             counter_run(&other.path.join(&name), 25, kind),
         ];
-        wait_all(runs);
+        wait_all_within(runs, 180, &format!("{kind} counters"));
         let text = std::fs::read_to_string(other.path.join(&name)).unwrap();
         assert_eq!(text.trim(), "100", "{kind} locks lost increments");
     }
@@ -118,8 +112,9 @@ fn getlk_sees_a_holder_on_the_other_mount_and_a_waiter_wakes_when_it_exits() {
     // A blocked F_SETLKW wakes when the holder exits (its close drops the lock).
     let waiter = std::thread::spawn(move || {
         let started = Instant::now();
-        let ok = Command::new("python3")
-            .args(["-c", "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX)"])
+        let ok = Command::new("timeout")
+            .args(["60", "python3", "-c"])
+            .arg("import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX)")
             .arg(&file)
             .status()
             .unwrap()

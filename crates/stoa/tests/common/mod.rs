@@ -273,6 +273,34 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// Waits for every child to exit successfully within `secs` seconds in all; on a
+/// timeout kills the ones left and fails the test, so a hang costs minutes, not the run.
+pub fn wait_all_within(children: Vec<Child>, secs: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut left = children;
+    let mut failed = 0;
+    while !left.is_empty() {
+        let mut running = Vec::new();
+        for mut c in left {
+            match c.try_wait().unwrap() {
+                Some(status) => failed += usize::from(!status.success()),
+                None => running.push(c),
+            }
+        }
+        left = running;
+        if !left.is_empty() && Instant::now() > deadline {
+            let stuck = left.len();
+            for mut c in left {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("{what}: {stuck} process(es) still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(failed, 0, "{what}: {failed} process(es) failed");
+}
+
 /// Runs a shell command, failing the test with its output if it fails.
 pub fn sh(script: &str) -> String {
     let out = Command::new("bash").arg("-c").arg(script).output().unwrap();
