@@ -17,4 +17,7 @@ cargo test --workspace --release --exclude stoa --exclude stoa-fault -- --test-t
 echo "== end-to-end tests" >&2
 # One cluster at a time: each starts 6 processes and a FUSE mount on this machine. The
 # fault run (stoa-fault) needs the stoa binary, which building -p stoa's tests provides.
-cargo test --release -p stoa -p stoa-fault -- --test-threads=1
+# Every wait in these tests is bounded; this bound is the backstop that turns a hang
+# nobody foresaw into a failure well inside CI's limit.
+cargo build --release -p stoa -p stoa-fault --tests
+timeout --kill-after=60 45m cargo test --release -p stoa -p stoa-fault -- --test-threads=1

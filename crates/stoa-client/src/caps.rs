@@ -159,7 +159,7 @@ impl Caps {
     /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held.
     pub fn update_attr(&self, attr: Attr) {
         if let Some(h) = self.lock().held.get_mut(&attr.ino) {
-            h.attr = Some(attr);
+            keep_newest(&mut h.attr, &attr);
         }
     }
 
@@ -208,7 +208,7 @@ impl Caps {
             });
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
-            h.attr = Some(grant.attr.clone());
+            keep_newest(&mut h.attr, &grant.attr);
             stored = true;
         }
         if let Some((parent, name)) = dir {
@@ -302,6 +302,14 @@ impl Pinned {
     /// Pins nothing: for answers that need no cap to stay true (this client's own change).
     pub fn none() -> Pinned {
         Pinned { _guards: Vec::new() }
+    }
+}
+
+/// Caches `attr` unless what is cached is a newer version: answers from meta (a grant,
+/// a commit) can arrive in another order than meta gave them.
+fn keep_newest(cached: &mut Option<Attr>, attr: &Attr) {
+    if cached.as_ref().is_none_or(|c| c.version <= attr.version) {
+        *cached = Some(attr.clone());
     }
 }
 

@@ -81,9 +81,12 @@ pub(crate) struct FileInner {
     unsynced: BTreeSet<u64>,
     /// The size meta last reported, if known.
     pub meta_size: Option<u64>,
-    /// The newest inode version meta reported; kept when `meta_size` is dropped, so an
-    /// answer meta gave before it (a GetAttr overtaken by a commit) is not taken.
+    /// The newest inode version meta reported and its size; kept when `meta_size` is
+    /// dropped, so an answer meta gave before it (a GetAttr or a grant overtaken by a
+    /// commit) is neither taken nor reported: a size once reported never goes back
+    /// without a newer version (a truncate), or `tail -f` would start over.
     meta_version: u64,
+    newest_size: u64,
     pub prefetched: BTreeMap<u64, Arc<Prefetch>>,
     pub opens: u32,
 }
@@ -135,17 +138,16 @@ impl FileInner {
     pub fn learn(&mut self, attr: &Attr) {
         if attr.version >= self.meta_version {
             self.meta_version = attr.version;
+            self.newest_size = attr.size;
             self.meta_size = Some(attr.size);
         }
     }
 
-    /// The size to report for `attr`: this client's newer knowledge of meta's size if
-    /// `attr` is older, and further if this client wrote past it.
+    /// The size to report for `attr`: the size of the newest version this client knows
+    /// if `attr` is older (even after a recall dropped `meta_size`), and further if this
+    /// client wrote past it.
     pub fn size_of(&self, attr: &Attr) -> u64 {
-        let meta = match self.meta_size {
-            Some(size) if attr.version < self.meta_version => size,
-            _ => attr.size,
-        };
+        let meta = if attr.version < self.meta_version { self.newest_size } else { attr.size };
         meta.max(self.uncommitted_end)
     }
 
@@ -176,6 +178,7 @@ impl FileState {
                 error_seq: 0,
                 unsynced: BTreeSet::new(),
                 meta_size: None,
+                newest_size: 0,
                 meta_version: 0,
                 prefetched: BTreeMap::new(),
                 opens: 0,
@@ -507,6 +510,7 @@ mod tests {
         inner.meta_size = None;
         inner.learn(&stale);
         assert_eq!(inner.size(), None);
+        assert_eq!(inner.size_of(&stale), 46, "a stale size reported after a recall");
         inner.learn(&attr(69, 6));
         assert_eq!(inner.size(), Some(69));
     }

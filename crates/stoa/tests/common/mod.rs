@@ -38,7 +38,7 @@ pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
 pub struct Dev {
     pub dir: PathBuf,
     pub mnt: PathBuf,
-    _tmp: Option<tempfile::TempDir>,
+    tmp: Option<tempfile::TempDir>,
     dev: Option<Child>,
     /// Nodes this test restarted itself (dev does not know them).
     restarted: Vec<Child>,
@@ -63,7 +63,7 @@ impl Dev {
         std::fs::create_dir_all(&mnt).unwrap();
         let extra = extra.iter().map(|s| s.to_string()).collect();
         let mut dev =
-            Dev { dir, mnt, _tmp: Some(tmp), dev: None, restarted: vec![], meta, chunk, extra };
+            Dev { dir, mnt, tmp: Some(tmp), dev: None, restarted: vec![], meta, chunk, extra };
         dev.launch();
         dev
     }
@@ -250,6 +250,11 @@ impl Drop for Dev {
         }
         if is_mounted(&self.mnt) {
             let _ = Command::new("fusermount3").arg("-uz").arg(&self.mnt).status();
+        }
+        if std::thread::panicking() && std::env::var_os("STOA_E2E_KEEP").is_some() {
+            if let Some(tmp) = self.tmp.take() {
+                eprintln!("STOA_E2E_KEEP: logs kept in {}", tmp.keep().display());
+            }
         }
     }
 }
