@@ -19,14 +19,19 @@
 //! more ask the kernel to start their writeback at once (no waiting), so that a large
 //! file reaches the disk while it streams in rather than all at its fsync.
 //!
+//! Decoded headers of recently used chunks stay in memory (cache.rs), so a small read
+//! reads only the data file.
+//!
 //! Locking: operations on one chunk are serialized by one of [`LOCK_STRIPES`] read-write
 //! locks picked by the chunk id, so different chunks proceed in parallel and a read never
 //! sees a half-applied write.
 
+mod cache;
 mod header;
 #[cfg(test)]
 mod tests;
 
+use cache::HeaderCache;
 use header::{Header, BLOCK};
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -106,6 +111,7 @@ pub struct Engine {
     dirty_marker: PathBuf,
     stripes: Vec<RwLock<()>>,
     opened_dirty: bool,
+    headers: HeaderCache,
 }
 
 impl Engine {
@@ -124,7 +130,13 @@ impl Engine {
             tracing::warn!("chunk store {} was not shut down cleanly", data_dir.display());
         }
         let stripes = (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect();
-        Ok(Engine { chunks_dir, dirty_marker, stripes, opened_dirty })
+        Ok(Engine {
+            chunks_dir,
+            dirty_marker,
+            stripes,
+            opened_dirty,
+            headers: HeaderCache::default(),
+        })
     }
 
     /// Whether the last process using this store stopped without [`Engine::close_clean`]:
@@ -197,9 +209,19 @@ impl Engine {
         }
     }
 
-    /// Checks every block of the chunk against its CRC.
+    /// Checks the header file and every block of the chunk against their CRCs, reading
+    /// the header from disk (the cached copy hides rot of the file). A damaged header is
+    /// dropped from the cache, so the chunk reads as damaged until it is repaired.
     pub fn verify(&self, chunk: ChunkId) -> Result<(), FsError> {
-        self.fetch(chunk).map(|_| ())
+        let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+        match self.load_from_disk(chunk)? {
+            Local::Absent => Ok(()),
+            Local::Present(h) => self.read_verified(chunk, &h, 0, h.len).map(|_| ()),
+            Local::Corrupt(detail) => {
+                self.headers.forget(chunk);
+                Err(FsError::Checksum(format!("chunk {chunk}: {detail}")))
+            }
+        }
     }
 
     /// Writes `data` at `offset` under the version rule (see [`admit`]): at the head
@@ -260,7 +282,7 @@ impl Engine {
             })?;
         }
         header.version = next;
-        save_header(&paths, &header)?;
+        self.save_header(&paths, &header)?;
         Ok(Outcome::Applied(next))
     }
 
@@ -290,7 +312,7 @@ impl Engine {
                     let tombstone = Header { version: next, ..Header::empty(chunk) };
                     std::fs::create_dir_all(&paths.dir)
                         .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
-                    save_header(&paths, &tombstone)?;
+                    self.save_header(&paths, &tombstone)?;
                     remove_data(&paths)?;
                     Ok(Outcome::Applied(next))
                 }
@@ -312,7 +334,7 @@ impl Engine {
             self.shrink_header(chunk, &paths, &mut header, new_len)?;
         }
         header.version = next;
-        save_header(&paths, &header)?;
+        self.save_header(&paths, &header)?;
         if new_len < old_len {
             // After the header: a crash in between leaves bytes past the end, never read.
             let file = open_data(&paths, false)?;
@@ -340,7 +362,7 @@ impl Engine {
         }
         let paths = self.paths(chunk);
         if version == 0 {
-            remove_files(&paths)?;
+            self.remove_files(chunk, &paths)?;
             return Ok(Outcome::Applied(0));
         }
         std::fs::create_dir_all(&paths.dir)
@@ -351,7 +373,7 @@ impl Engine {
             .map_err(|e| io_err(format!("install chunk {chunk}"), e))?;
         let crcs = data.chunks(BLOCK).map(crc32c::crc32c).collect();
         let header = Header { chunk, version, len: data.len() as u32, crcs };
-        save_header(&paths, &header)?;
+        self.save_header(&paths, &header)?;
         Ok(Outcome::Applied(version))
     }
 
@@ -452,7 +474,19 @@ impl Engine {
         Ok(())
     }
 
+    /// The chunk's header, from the cache or from disk (then cached).
     fn load(&self, chunk: ChunkId) -> Result<Local, FsError> {
+        if let Some(h) = self.headers.get(chunk) {
+            return Ok(Local::Present(h));
+        }
+        let local = self.load_from_disk(chunk)?;
+        if let Local::Present(h) = &local {
+            self.headers.put(h);
+        }
+        Ok(local)
+    }
+
+    fn load_from_disk(&self, chunk: ChunkId) -> Result<Local, FsError> {
         let path = self.paths(chunk).header;
         match std::fs::read(&path) {
             Ok(bytes) => Ok(match Header::decode(&bytes, chunk) {
@@ -646,14 +680,26 @@ fn read_at(file: &File, chunk: ChunkId, buf: &mut [u8], at: usize) -> Result<(),
     })
 }
 
-fn save_header(paths: &Paths, header: &Header) -> Result<(), FsError> {
-    let tmp = paths.header.with_extension("meta.tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&header.encode())?;
-        std::fs::rename(&tmp, &paths.header)
-    };
-    write().map_err(|e| io_err(format!("write {}", paths.header.display()), e))
+impl Engine {
+    /// Replaces the chunk's header file (the caller holds the stripe for writing).
+    fn save_header(&self, paths: &Paths, header: &Header) -> Result<(), FsError> {
+        self.headers.forget(header.chunk);
+        let tmp = paths.header.with_extension("meta.tmp");
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&header.encode())?;
+            std::fs::rename(&tmp, &paths.header)
+        };
+        write().map_err(|e| io_err(format!("write {}", paths.header.display()), e))?;
+        self.headers.put(header);
+        Ok(())
+    }
+
+    /// Removes the chunk (the caller holds the stripe for writing).
+    fn remove_files(&self, chunk: ChunkId, paths: &Paths) -> Result<(), FsError> {
+        self.headers.forget(chunk);
+        remove_files(paths)
+    }
 }
 
 /// Removes the data file of a chunk whose header says it is empty.

@@ -148,6 +148,11 @@ fn a_corrupt_header_is_a_clear_error_not_a_panic() {
     let mut bytes = std::fs::read(&header).unwrap();
     bytes[30] ^= 0xff;
     std::fs::write(&header, &bytes).unwrap();
+    // Readers keep the cached good copy; the scrubber's verify reads the file, finds the
+    // rot, and from then on the chunk reads as damaged until it is repaired.
+    assert_eq!(e.read(id(6), 0, 5).unwrap(), b"hello");
+    let err = e.verify(id(6)).unwrap_err();
+    assert!(matches!(err, FsError::Checksum(ref m) if m.contains("header crc")), "{err:?}");
     let err = e.read(id(6), 0, 5).unwrap_err();
     assert!(matches!(err, FsError::Checksum(ref m) if m.contains("header crc")), "{err:?}");
     assert!(matches!(e.version(id(6)), Err(FsError::Checksum(_))));
