@@ -272,10 +272,31 @@ impl Caps {
     /// Records a renewal sent at `sent`: caps stay usable for three quarters of a lease
     /// after it. A new meta leader waits as long before it grants caps no session has
     /// reasserted (stoa-metad `caps.rs::await_grace`), so keep the two in step.
-    fn renewed(&self, sent: Instant, lease: Duration) {
+    /// Extends the caps' validity after a renewal sent at `sent`. Caps that lapsed before
+    /// it came are dropped first (the leader may have granted them elsewhere meanwhile):
+    /// returns them, for the kernel to forget.
+    fn renewed(&self, sent: Instant, lease: Duration) -> Vec<(InodeId, Held)> {
         let until = sent + lease * 3 / 4;
         let mut t = self.lock();
+        let lapsed = t.valid_until.is_some_and(|u| u <= Instant::now());
+        let dropped = if lapsed {
+            t.valid_until = None;
+            t.held.drain().collect()
+        } else {
+            Vec::new()
+        };
         t.valid_until = Some(t.valid_until.map_or(until, |u| u.max(until)));
+        dropped
+    }
+
+    /// Drops every cap if their validity ran out; returns them, for the kernel to forget.
+    fn drop_lapsed(&self) -> Vec<(InodeId, Held)> {
+        let mut t = self.lock();
+        if !t.valid_until.is_some_and(|u| u <= Instant::now()) {
+            return Vec::new();
+        }
+        t.valid_until = None;
+        t.held.drain().collect()
     }
 
     /// Drops every cap (the session expired or could not renew in time); returns what
@@ -355,7 +376,7 @@ impl Client {
             MetaResponse::Caps { attr, mode, seq, dir_seq } => Grant { attr, mode, seq, dir_seq },
             other => return Err(unexpected("GetCaps", &other)),
         };
-        self.sh.caps.renewed(sent, lease);
+        forget(&self.sh, self.sh.caps.renewed(sent, lease)).await;
         let stored = self.sh.caps.store(&grant, name.map(|n| (ino, n)));
         if stored {
             if let Some(file) = self.sh.open_file(grant.attr.ino) {
@@ -464,10 +485,29 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
             let lease = Duration::from_millis(sh.session.grant().lease_ms);
             let held = sh.caps.held_list();
             let sent = Instant::now();
-            let polled = sh.session.call_leader(MetaOp::CapEvents { held }, POLL_TIMEOUT).await;
+            // The caps lapse at their deadline even while the poll hangs (a partitioned
+            // leader): what the kernel cached under them goes then, not at the next poll.
+            let polled = {
+                let poll = sh.session.call_leader(MetaOp::CapEvents { held }, POLL_TIMEOUT);
+                tokio::pin!(poll);
+                loop {
+                    let until = sh.caps.lock().valid_until;
+                    let Some(until) = until else { break poll.await };
+                    tokio::select! {
+                        polled = &mut poll => break polled,
+                        _ = tokio::time::sleep_until(until.into()) => {
+                            let lapsed = sh.caps.drop_lapsed();
+                            if !lapsed.is_empty() {
+                                tracing::warn!("no renewal for most of a lease: dropping every cap");
+                            }
+                            forget(&sh, lapsed).await;
+                        }
+                    }
+                }
+            };
             match polled {
                 Ok(MetaResponse::CapEvents { recalls }) => {
-                    sh.caps.renewed(sent, lease);
+                    forget(&sh, sh.caps.renewed(sent, lease)).await;
                     for r in recalls {
                         tokio::spawn(recall(sh.clone(), r));
                     }
@@ -481,10 +521,6 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
                 }
                 Err(e) => {
                     tracing::debug!("polling for cap recalls failed: {e}");
-                    if sh.caps.lock().valid_until.is_some_and(|u| u <= Instant::now()) {
-                        tracing::warn!("no renewal for most of a lease: dropping every cap");
-                        forget_everything(&sh).await;
-                    }
                     drop(sh);
                     tokio::time::sleep(POLL_RETRY).await;
                 }
@@ -495,7 +531,14 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
 
 /// Drops every cap and what was cached under them, the kernel's caches included.
 async fn forget_everything(sh: &Arc<Shared>) {
-    let dropped = sh.caps.drop_all();
+    forget(sh, sh.caps.drop_all()).await;
+}
+
+/// Drops what was cached under the caps `dropped`, the kernel's caches included.
+async fn forget(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
+    if dropped.is_empty() {
+        return;
+    }
     for (ino, _) in &dropped {
         if let Some(file) = sh.open_file(*ino) {
             let mut inner = file.lock();
