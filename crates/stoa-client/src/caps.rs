@@ -292,7 +292,7 @@ impl Caps {
     /// Drops every cap if their validity ran out; returns them, for the kernel to forget.
     fn drop_lapsed(&self) -> Vec<(InodeId, Held)> {
         let mut t = self.lock();
-        if !t.valid_until.is_some_and(|u| u <= Instant::now()) {
+        if t.valid_until.is_none_or(|u| u > Instant::now()) {
             return Vec::new();
         }
         t.valid_until = None;
