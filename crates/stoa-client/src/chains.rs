@@ -3,13 +3,15 @@
 
 use crate::session::{unexpected, Session};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 use stoa_proto::{MetaOp, MetaResponse};
 use stoa_types::{ChainTable, FsError};
 
 pub(crate) struct ChainCache {
     table: RwLock<Arc<ChainTable>>,
-    /// One refresh at a time: a burst of failing calls shares one GetChainTable.
-    refreshing: tokio::sync::Mutex<()>,
+    /// One refresh at a time: a burst of failing calls shares one GetChainTable. Holds
+    /// when the last fetch finished.
+    refreshing: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl ChainCache {
@@ -25,11 +27,30 @@ impl ChainCache {
     /// Fetches the table from meta unless someone already replaced the copy whose
     /// version was `seen` while this caller waited.
     pub async fn refresh(&self, session: &Session, seen: u64) -> Result<(), FsError> {
-        let _one = self.refreshing.lock().await;
+        let mut last = self.refreshing.lock().await;
         if self.current().version != seen {
             return Ok(());
         }
+        self.fetch_into(session, &mut last).await
+    }
+
+    /// Fetches the table from meta unless a fetch finished less than `age` ago: calls
+    /// waiting on a server check their chain this way, and share the fetches.
+    pub async fn refresh_older(&self, session: &Session, age: Duration) -> Result<(), FsError> {
+        let mut last = self.refreshing.lock().await;
+        if last.is_some_and(|at| at.elapsed() < age) {
+            return Ok(());
+        }
+        self.fetch_into(session, &mut last).await
+    }
+
+    async fn fetch_into(
+        &self,
+        session: &Session,
+        last: &mut Option<Instant>,
+    ) -> Result<(), FsError> {
         let table = fetch(session).await?;
+        *last = Some(Instant::now());
         let mut slot = self.table.write().expect("chain table lock poisoned");
         if table.version >= slot.version {
             *slot = Arc::new(table);

@@ -27,6 +27,10 @@ use stoa_types::{Chain, ChainTable, ChunkId, FsError};
 const DEADLINE: Duration = Duration::from_secs(30);
 /// How long one attempt at one server may take (a whole chunk through a whole chain).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a call still waiting on a server checks that its chain did not change: meta
+/// takes a paused or cut-off member out of its chains within about 1.5 s, and the call
+/// then goes to the new chain instead of waiting out [`CALL_TIMEOUT`].
+const CHAIN_CHECK_EVERY: Duration = Duration::from_secs(1);
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
@@ -181,7 +185,11 @@ impl ChunkIo {
         let mut backoff = BACKOFF_FIRST;
         loop {
             let table = self.chains.current();
-            let err = match attempt(table.clone()).await {
+            let result = tokio::select! {
+                result = attempt(table.clone()) => result,
+                moved = self.chain_moved(&table, chunk) => Err(moved),
+            };
+            let err = match result {
                 Ok(v) => return Ok(v),
                 Err(e) if is_transient(&e) => e,
                 Err(e) => return Err(e),
@@ -196,6 +204,24 @@ impl ChunkIo {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Returns once the chain of `chunk` in meta's table differs from its chain in
+    /// `table` (checked every [`CHAIN_CHECK_EVERY`]); never while it stays the same.
+    async fn chain_moved(&self, table: &ChainTable, chunk: ChunkId) -> FsError {
+        let key = |t: &ChainTable| t.chain_for(chunk).map(|c| (c.id, c.version));
+        let before = key(table);
+        loop {
+            tokio::time::sleep(CHAIN_CHECK_EVERY).await;
+            if let Err(e) = self.chains.refresh_older(&self.session, CHAIN_CHECK_EVERY).await {
+                tracing::debug!("refreshing the chain table failed: {e}");
+            }
+            if key(&self.chains.current()) != before {
+                return FsError::Unavailable(format!(
+                    "the chain of {chunk} changed during the call"
+                ));
+            }
         }
     }
 }
