@@ -458,7 +458,8 @@ impl Filesystem for StoaFs {
     ) {
         let Some(kind) = crate::locks::kind(typ) else { return reply.error(Errno::EINVAL) };
         let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
-        let earlier = self.locks.locking(fh_raw.0, i.0, lock_owner.0);
+        let takes = kind != stoa_client::LockKind::Unlock;
+        let earlier = self.locks.locking(fh_raw.0, i.0, lock_owner.0, takes);
         let kernel = self.kernel.clone();
         self.spawn(|c| async move {
             crate::locks::after(earlier).await;

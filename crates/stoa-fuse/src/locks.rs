@@ -104,10 +104,19 @@ impl LockBook {
         self.inner.lock().expect("lock book poisoned")
     }
 
-    /// A lock request of `owner` on `ino` through `handle`; what it must wait for.
-    pub fn locking(&self, handle: u64, ino: u64, owner: u64) -> Option<watch::Receiver<bool>> {
+    /// A lock request of `owner` on `ino` through `handle` (`takes`: not an unlock); what
+    /// it must wait for.
+    pub fn locking(
+        &self,
+        handle: u64,
+        ino: u64,
+        owner: u64,
+        takes: bool,
+    ) -> Option<watch::Receiver<bool>> {
         let mut inner = self.inner();
-        inner.by_handle.entry(handle).or_default().insert(owner);
+        if takes {
+            inner.by_handle.entry(handle).or_default().insert(owner);
+        }
         inner.unlocking.get(&(ino, owner)).cloned()
     }
 
