@@ -3,7 +3,8 @@
 //! and becoming a full member once it has caught up.
 //!
 //! ```text
-//!  register --(>= replicas servers, no chains)--> chain i = servers i, i+1, ... (R of them)
+//!  register --(>= replicas servers, no chains, or no file made yet)--> chain i = servers
+//!           i, i+1, ... (R of them)
 //!  member --ChunkServerDown--> out --ChunkServerUp--> syncing --ChunkSynced--> member (tail)
 //!  short chain, too long --RebuildChain{chain, other server}--> syncing --> member
 //! ```
@@ -19,7 +20,7 @@ use crate::store::{
 };
 use std::net::SocketAddr;
 use stoa_proto::MetaResponse;
-use stoa_types::{Chain, ChainId, ChunkNode, ClusterId, FsError, NodeId};
+use stoa_types::{Chain, ChainId, ChunkNode, ClusterId, FsError, InodeId, NodeId};
 
 /// What a chunk server says when it announces itself.
 #[derive(Clone, Copy, Debug)]
@@ -71,20 +72,32 @@ pub(crate) fn register(kv: &mut impl KvWrite, reg: Registration) -> Result<MetaR
     };
     store::put(kv, Table::ChunkServers, &node_key(id), &rec)?;
     let mut table = load_chains(kv)?;
-    let mut changed = match table.nodes.iter_mut().find(|n| n.id == id) {
-        Some(node) if node.addr == reg.addr => false,
+    let (mut changed, joined) = match table.nodes.iter_mut().find(|n| n.id == id) {
+        Some(node) if node.addr == reg.addr => (false, false),
         Some(node) => {
             node.addr = reg.addr;
-            true
+            (true, false)
         }
         None => {
             table.nodes.push(ChunkNode { id, addr: reg.addr });
-            true
+            (true, true)
         }
     };
-    if table.chains.is_empty() {
-        table.chains = first_chains(&chunk_servers(kv)?, info.replicas);
-        changed |= !table.chains.is_empty();
+    // While no file was ever made, no chunk exists: the first chains may still be drawn
+    // again over every server, so that servers started together all carry data however
+    // their registrations interleave. Once a file exists, a chunk's chain is fixed.
+    let pristine = counter(kv, Counter::NextInode)? == InodeId::ROOT.0 + 1;
+    if table.chains.is_empty() || (pristine && joined) {
+        let old =
+            std::mem::replace(&mut table.chains, first_chains(&chunk_servers(kv)?, info.replicas));
+        for chain in &mut table.chains {
+            // A drawn-again chain gets a newer version, so requests for its old
+            // members are refused.
+            if let Some(was) = old.iter().find(|c| c.id == chain.id) {
+                chain.version = was.version + 1;
+            }
+        }
+        changed |= table.chains != old;
     }
     if changed {
         table.version += 1;
@@ -222,7 +235,7 @@ mod tests {
     use crate::testing::{Fs, CLUSTER};
     use crate::{apply, chain_table, Command};
     use stoa_proto::{MetaOp, MetaResponse};
-    use stoa_types::{ChainId, ClusterId, FsError, NodeId};
+    use stoa_types::{ChainId, ClusterId, FsError, InodeId, NodeId};
 
     fn register(
         fs: &mut Fs,
@@ -247,6 +260,17 @@ mod tests {
         }
     }
 
+    /// Replica 2; servers 100 and 101 form the chains, 102 registers after a file exists.
+    fn two_chains_and_a_spare_server() -> Fs {
+        let mut fs = Fs::with_replicas(2);
+        for port in 1..=2 {
+            register(&mut fs, None, None, port).unwrap();
+        }
+        fs.create(InodeId::ROOT, "f").unwrap();
+        register(&mut fs, None, None, 3).unwrap();
+        fs
+    }
+
     fn ids(ids: &[u64]) -> Vec<NodeId> {
         ids.iter().map(|&i| NodeId(i)).collect()
     }
@@ -259,16 +283,28 @@ mod tests {
         assert!(one.chains.is_empty());
         assert_eq!((one.version, one.nodes.len()), (1, 1));
         assert_eq!(register(&mut fs, None, None, 2), Ok(NodeId(101)));
+        let two = chain_table(&fs.kv).unwrap();
+        assert_eq!(two.chains.len(), 2);
+        assert_eq!(two.chains[0].members, ids(&[100, 101]));
+        assert_eq!(two.chains[1].members, ids(&[101, 100]));
+        assert_eq!((two.chains[1].id, two.chains[1].version), (ChainId(1), 1));
+        // No file yet: a third server is drawn into new chains, the old ones move on.
         assert_eq!(register(&mut fs, None, None, 3), Ok(NodeId(102)));
+        let three = chain_table(&fs.kv).unwrap();
+        assert_eq!(three.chains.len(), 3);
+        assert_eq!(three.chains[1].members, ids(&[101, 102]));
+        assert_eq!(three.chains[2].members, ids(&[102, 100]));
+        let versions: Vec<u64> = three.chains.iter().map(|c| c.version).collect();
+        assert_eq!(versions, [2, 2, 1]);
+        assert_eq!(three.version, two.version + 1);
+        // A file exists: a fourth server is known but unused.
+        fs.create(InodeId::ROOT, "f").unwrap();
+        assert_eq!(register(&mut fs, None, None, 4), Ok(NodeId(103)));
         let table = chain_table(&fs.kv).unwrap();
-        // The third server joined after the chains were made: it is known but unused.
-        assert_eq!(table.chains.len(), 2);
-        assert_eq!(table.chains[0].members, ids(&[100, 101]));
-        assert_eq!(table.chains[1].members, ids(&[101, 100]));
-        assert_eq!((table.chains[1].id, table.chains[1].version), (ChainId(1), 1));
-        assert_eq!(table.nodes.len(), 3);
+        assert_eq!(table.chains, three.chains);
+        assert_eq!(table.nodes.len(), 4);
         let servers = chunk_servers(&fs.kv).unwrap();
-        assert_eq!(servers.iter().map(|s| s.id).collect::<Vec<_>>(), ids(&[100, 101, 102]));
+        assert_eq!(servers.iter().map(|s| s.id).collect::<Vec<_>>(), ids(&[100, 101, 102, 103]));
         assert_eq!(servers[2].zone, "z3");
     }
 
@@ -295,10 +331,7 @@ mod tests {
 
     #[test]
     fn a_server_leaves_its_chains_rejoins_syncing_and_becomes_the_tail() {
-        let mut fs = Fs::with_replicas(2);
-        for port in 1..=3 {
-            register(&mut fs, None, None, port).unwrap();
-        }
+        let mut fs = two_chains_and_a_spare_server();
         let start = chain_table(&fs.kv).unwrap();
         assert_eq!(start.chains.len(), 2);
         apply(&mut fs.kv, &Command::ChunkServerDown { node: NodeId(101) }).unwrap();
@@ -346,10 +379,7 @@ mod tests {
 
     #[test]
     fn a_short_chain_is_rebuilt_on_another_server_once() {
-        let mut fs = Fs::with_replicas(2);
-        for port in 1..=3 {
-            register(&mut fs, None, None, port).unwrap();
-        }
+        let mut fs = two_chains_and_a_spare_server();
         apply(&mut fs.kv, &Command::ChunkServerDown { node: NodeId(101) }).unwrap();
         let down = chain_table(&fs.kv).unwrap();
         // Chain 0 was 100,101 and is now 100 alone.
