@@ -179,6 +179,18 @@ impl Caps {
         }
     }
 
+    /// Records that the kernel holds entry `name` of `parent`, for `ino`, so that a recall
+    /// of the directory's cap drops it. False when no cap on `parent` is held.
+    fn note_name(&self, parent: InodeId, name: &[u8], ino: InodeId) -> bool {
+        let mut t = self.lock();
+        if Caps::remaining(&t).is_none() {
+            return false;
+        }
+        let Some(h) = t.held.get_mut(&parent) else { return false };
+        h.names.insert(name.to_vec(), ino);
+        true
+    }
+
     /// Forgets the attributes of every hard-linked inode: a name this client removed may
     /// have been one of theirs without this client having looked it up.
     pub fn forget_linked(&self) {
@@ -384,6 +396,19 @@ impl Client {
             }
         }
         Ok((grant.attr, stored))
+    }
+
+    /// After this client renamed an entry the kernel cached to `to`: the kernel moved
+    /// its entry and kept the TTL the old name had, so the new name must be dropped on
+    /// the next recall of its directory, or now when no cap on that directory is held.
+    pub(crate) fn entry_moved(&self, (parent, name): (InodeId, &[u8]), ino: InodeId) {
+        if self.sh.caps.note_name(parent, name, ino) {
+            return;
+        }
+        // Not awaited: the kernel holds the directories locked until the rename's reply.
+        let sh = self.sh.clone();
+        let held = Held { names: HashMap::from([(name.to_vec(), ino)]), ..empty_held() };
+        tokio::spawn(async move { invalidate_kernel(&sh, vec![(parent, held)]).await });
     }
 
     /// Pins the caps of `inodes` (see [`Pinned`]), in inode order so that pins never wait

@@ -172,7 +172,20 @@ impl Client {
             flags,
         };
         let done = self.sh.session.call_done(op).await;
-        self.forget_names(&[parent, new_parent], &[(parent, name), (new_parent, new_name)]);
+        let (from, to) = ((parent, name), (new_parent, new_name));
+        let cached = (
+            self.sh.caps.cached_name(parent, name),
+            self.sh.caps.cached_name(new_parent, new_name),
+        );
+        self.forget_names(&[parent, new_parent], &[from, to]);
+        if done.is_ok() {
+            if let Some(ino) = cached.0 {
+                self.entry_moved(to, ino);
+            }
+            if let Some(ino) = cached.1.filter(|_| flags & libc::RENAME_EXCHANGE != 0) {
+                self.entry_moved(from, ino);
+            }
+        }
         done
     }
 

@@ -69,6 +69,26 @@ fn a_change_on_one_mount_is_seen_at_once_on_the_other() {
         assert_eq!(std::fs::read(b.join(&y)).unwrap(), text.as_bytes());
         std::fs::remove_file(a.join(&y)).unwrap();
         assert!(std::fs::metadata(b.join(&y)).is_err(), "B still sees a removed file in round {i}");
+
+        // A renames a name it has cached (its kernel moves the entry, old TTL and all),
+        // B renames it back, to a directory A holds a cap on and to one it does not.
+        let sub = format!("d{i}");
+        std::fs::create_dir(a.join(&sub)).unwrap();
+        for (moved, back) in
+            [(a.join(&y), b.join(&y)), (a.join(&sub).join(&y), b.join(&sub).join(&y))]
+        {
+            std::fs::write(a.join(&x), text.as_bytes()).unwrap();
+            assert!(std::fs::metadata(a.join(&x)).is_ok());
+            std::fs::rename(a.join(&x), &moved).unwrap();
+            std::fs::rename(&back, b.join(&x)).unwrap();
+            assert!(
+                std::fs::metadata(&moved).is_err(),
+                "A still sees {} in round {i}",
+                moved.display()
+            );
+            std::fs::remove_file(a.join(&x)).unwrap();
+        }
+        std::fs::remove_dir(a.join(&sub)).unwrap();
     }
     // A truncate on A, seen by a reader on B that keeps its file open.
     let reader = std::fs::File::open(b.join("data")).unwrap();
