@@ -64,7 +64,20 @@ struct Layout {
     replicas: u8,
 }
 
+/// A free port below Linux's default ephemeral range (32768-60999), so that no
+/// outgoing connection takes it between now and the node binding it; random, so that
+/// dev clusters started at once rarely pick the same.
 fn free_port() -> anyhow::Result<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    const LOW: u16 = 20000;
+    const HIGH: u16 = 32768;
+    for _ in 0..200 {
+        let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        let port = LOW + (random % u64::from(HIGH - LOW)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
     Ok(listener.local_addr()?.port())
 }
