@@ -33,6 +33,8 @@ pub(crate) const POLL_HOLD: Duration = Duration::from_millis(1000);
 const MIN_HOLD: Duration = Duration::from_millis(5);
 /// How often a recall looks at its holders again while waiting.
 const RECALL_RECHECK: Duration = Duration::from_millis(50);
+/// How long two calls may wait for each other's clients before the later is refused.
+const CYCLE_PATIENCE: Duration = Duration::from_millis(300);
 /// How often a call waiting for the grace period checks it.
 const GRACE_RECHECK: Duration = Duration::from_millis(50);
 
@@ -42,6 +44,16 @@ struct Holder {
     mode: CapMode,
     seq: u64,
     granted_at: Instant,
+}
+
+/// A call of `waiter`, working on the inodes `works_on`, waiting for session `on` to
+/// ack a recall of `ino`.
+struct Wait {
+    id: u64,
+    waiter: SessionId,
+    works_on: Vec<InodeId>,
+    on: SessionId,
+    ino: InodeId,
 }
 
 /// One session's events stream.
@@ -65,6 +77,9 @@ struct State {
     grace: bool,
     inodes: HashMap<InodeId, HashMap<SessionId, Holder>>,
     streams: HashMap<SessionId, Stream>,
+    /// Calls waiting for acks (kept across terms: they belong to calls in flight).
+    waits: Vec<Wait>,
+    next_wait: u64,
 }
 
 /// The leader's caps. Restarted with every term.
@@ -83,8 +98,22 @@ impl Default for CapTable {
             grace: true,
             inodes: HashMap::new(),
             streams: HashMap::new(),
+            waits: Vec::new(),
+            next_wait: 0,
         };
         CapTable { state: Mutex::new(state), released: Notify::new() }
+    }
+}
+
+/// A wait noted by [`CapTable::start_wait`], forgotten when dropped.
+struct WaitGuard<'a> {
+    table: &'a CapTable,
+    id: u64,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.table.lock().waits.retain(|w| w.id != self.id);
     }
 }
 
@@ -178,6 +207,39 @@ impl CapTable {
     fn still_holds(&self, session: SessionId, ino: InodeId, seq: u64) -> bool {
         let s = self.lock();
         s.inodes.get(&ino).and_then(|h| h.get(&session)).is_some_and(|h| h.seq <= seq)
+    }
+
+    /// Notes that a call of `waiter` working on `works_on` waits for `on` to ack its
+    /// recall of `ino`, until the guard is dropped.
+    fn start_wait(
+        &self,
+        waiter: SessionId,
+        works_on: &[InodeId],
+        on: SessionId,
+        ino: InodeId,
+    ) -> WaitGuard<'_> {
+        let mut s = self.lock();
+        s.next_wait += 1;
+        let id = s.next_wait;
+        s.waits.push(Wait { id, waiter, works_on: works_on.to_vec(), on, ino });
+        WaitGuard { table: self, id }
+    }
+
+    /// Whether the session this wait is for waits, since before it, for this wait's
+    /// client. That session's client answers the recall only after its call working on
+    /// the recalled inode returns (the kernel keeps its pages locked, or it counts as in
+    /// flight on the inode), and that call waits for this client to answer a recall,
+    /// which waits for this call: both would wait until a call timeout.
+    fn in_cycle(&self, wait: &WaitGuard) -> bool {
+        let s = self.lock();
+        let Some(me) = s.waits.iter().find(|w| w.id == wait.id) else { return false };
+        s.waits.iter().any(|w| {
+            w.id < me.id
+                && w.waiter == me.on
+                && w.on == me.waiter
+                && w.works_on.contains(&me.ino)
+                && me.works_on.contains(&w.ino)
+        })
     }
 
     /// Drops `session`'s grant of `ino` (its holder's lease ran out).
@@ -289,9 +351,22 @@ pub(crate) async fn await_grace(node: &Node) -> Result<(), FsError> {
     }
 }
 
+/// Who waits for a recall: the session of the call and the inodes the call works on.
+#[derive(Clone, Copy)]
+struct Waiter<'a> {
+    session: SessionId,
+    works_on: &'a [InodeId],
+}
+
 /// Recalls the grants in `targets` of `ino` and waits until each is acked or its
-/// holder's lease ran out.
-async fn recall(node: &Node, ino: InodeId, targets: Vec<(SessionId, Holder)>) {
+/// holder's lease ran out; refused when a holder waits for the waiter's own client
+/// ([`CapTable::start_wait`]).
+async fn recall(
+    node: &Node,
+    ino: InodeId,
+    targets: Vec<(SessionId, Holder)>,
+    waiter: Waiter<'_>,
+) -> Result<(), FsError> {
     let lease = node.raft.session_lease();
     for (session, holder) in &targets {
         let ready = holder.granted_at + MIN_HOLD;
@@ -302,6 +377,8 @@ async fn recall(node: &Node, ino: InodeId, targets: Vec<(SessionId, Holder)>) {
         node.caps.queue_recall(*session, ino, holder.seq);
     }
     for (session, holder) in targets {
+        let wait = node.caps.start_wait(waiter.session, waiter.works_on, session, ino);
+        let mut cycle_since = None;
         loop {
             let released = node.caps.released.notified();
             tokio::pin!(released);
@@ -317,17 +394,36 @@ async fn recall(node: &Node, ino: InodeId, targets: Vec<(SessionId, Holder)>) {
                 node.caps.revoke(session, ino);
                 break;
             }
+            if node.caps.in_cycle(&wait) {
+                let since = *cycle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= CYCLE_PATIENCE {
+                    return Err(FsError::Io(format!(
+                        "inode {ino}: this client and session {session} each waited for the \
+                         other to give up a cap (two operations on one file from two clients, \
+                         each holding what the other's recall needs); this operation was \
+                         refused so that the other can go on"
+                    )));
+                }
+            } else {
+                cycle_since = None;
+            }
             let _ = tokio::time::timeout(RECALL_RECHECK, released).await;
         }
     }
+    Ok(())
 }
 
 /// Grants `mode` on `ino` to `session` once no other session holds a conflicting cap.
-async fn grant(node: &Node, session: SessionId, ino: InodeId, mode: CapMode) -> u64 {
+async fn grant(
+    node: &Node,
+    waiter: Waiter<'_>,
+    ino: InodeId,
+    mode: CapMode,
+) -> Result<u64, FsError> {
     loop {
-        match node.caps.try_register(session, ino, mode) {
-            Ok(seq) => return seq,
-            Err(blocking) => recall(node, ino, blocking).await,
+        match node.caps.try_register(waiter.session, ino, mode) {
+            Ok(seq) => return Ok(seq),
+            Err(blocking) => recall(node, ino, blocking, waiter).await?,
         }
     }
 }
@@ -341,12 +437,15 @@ pub(crate) async fn get_caps(
     mode: CapMode,
 ) -> Result<MetaResponse, FsError> {
     await_grace(node).await?;
+    // The client's call works on the inode (a read or write holds its pages locked in
+    // the kernel), or on the directory it looks a name up in.
+    let waiter = Waiter { session, works_on: &[ino] };
     let (target, dir_seq) = match name {
         None => (ino, 0),
         Some(name) => {
             // The directory's entries: Shared never conflicts on a directory, which is
             // never granted Exclusive. Registered before the lookup reads them.
-            let dir_seq = grant(node, session, ino, CapMode::Shared).await;
+            let dir_seq = grant(node, waiter, ino, CapMode::Shared).await?;
             node.raft.linearize().await?;
             let op = MetaOp::Lookup { parent: ino, name };
             match node.raft.read(move |kv| stoa_meta::read(kv, &op)).await? {
@@ -355,7 +454,7 @@ pub(crate) async fn get_caps(
             }
         }
     };
-    let seq = grant(node, session, target, mode).await;
+    let seq = grant(node, waiter, target, mode).await?;
     node.raft.linearize().await?;
     let op = MetaOp::GetAttr { ino: target };
     let attr = match node.raft.read(move |kv| stoa_meta::read(kv, &op)).await {
@@ -420,14 +519,21 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Vec<InodeId>, Fs
 }
 
 /// Recalls every other session's caps on `inodes` (after `session` changed them) and
-/// waits for the acks.
-pub(crate) async fn recall_touched(node: &Node, session: SessionId, inodes: &[InodeId]) {
+/// waits for the acks. An error means the change was made but the other caches may not
+/// be gone yet ([`CapTable::start_wait`]).
+pub(crate) async fn recall_touched(
+    node: &Node,
+    session: SessionId,
+    inodes: &[InodeId],
+) -> Result<(), FsError> {
+    let waiter = Waiter { session, works_on: inodes };
     for &ino in inodes {
         let others = node.caps.others(ino, session);
         if !others.is_empty() {
-            recall(node, ino, others).await;
+            recall(node, ino, others, waiter).await?;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -471,6 +577,24 @@ mod tests {
             assert!(s.streams[&A].known && s.streams[&B].known);
         }
         assert!(t.try_register(B, X, CapMode::Shared).is_err());
+    }
+
+    #[test]
+    fn only_the_later_of_two_calls_waiting_for_each_other_sees_the_cycle() {
+        const Y: InodeId = InodeId(11);
+        let t = CapTable::default();
+        let a_on_b = t.start_wait(A, &[X], B, X);
+        assert!(!t.in_cycle(&a_on_b));
+        // B waits for A on another inode than A's call works on: no cycle.
+        let elsewhere = t.start_wait(B, &[Y], A, Y);
+        assert!(!t.in_cycle(&elsewhere));
+        let b_on_a = t.start_wait(B, &[X, Y], A, X);
+        assert!(t.in_cycle(&b_on_a));
+        assert!(!t.in_cycle(&a_on_b), "the earlier call keeps waiting");
+        drop(a_on_b);
+        assert!(!t.in_cycle(&b_on_a));
+        drop((elsewhere, b_on_a));
+        assert!(t.lock().waits.is_empty());
     }
 
     #[tokio::test]

@@ -111,13 +111,16 @@ impl Node {
             _ if session.0 != 0 => self.leases.renew(session),
             _ => {}
         }
-        if answer.is_ok() {
-            caps::recall_touched(self, session, &touched).await;
-        }
+        // Refused only to end two clients waiting for each other: the change is made,
+        // and the caller learns it cannot count on the others having seen it.
+        let recalled = match answer {
+            Ok(_) => caps::recall_touched(self, session, &touched).await,
+            Err(_) => Ok(()),
+        };
         if closing {
             self.caps.drop_session(session);
         }
-        answer
+        recalled.and(answer)
     }
 
     /// Calls only the leader answers; a follower forwards them.

@@ -123,6 +123,62 @@ fn appender(path: &Path, who: &str, n: u32) -> Child {
         .unwrap()
 }
 
+/// Opens FILE, reads and rewrites its first 16 bytes, closes it, over and over for SECS
+/// seconds; prints the operations, the failed ones, and the slowest in milliseconds.
+const REWRITER: &str = r#"
+import os, sys, time
+path, secs = sys.argv[1], float(sys.argv[2])
+end, n, errors, worst = time.time() + secs, 0, 0, 0.0
+while time.time() < end:
+    t = time.time()
+    try:
+        fd = os.open(path, os.O_RDWR)
+        os.pread(fd, 16, 0)
+        os.pwrite(fd, b"%016d" % n, 0)
+        os.close(fd)
+    except OSError:
+        errors += 1
+    worst, n = max(worst, time.time() - t), n + 1
+print(n, errors, int(worst * 1000))
+"#;
+
+/// Two mounts rewriting one file through the kernel's page cache: each client's recall
+/// can wait for its own operation, which waits for the other client's recall. Meta
+/// refuses one of two calls that wait for each other instead of letting both hang
+/// until a call timeout (a 30 s stall before).
+#[test]
+fn two_mounts_rewriting_one_file_never_hang() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    std::fs::write(dev.mnt.join("hot"), b"x").unwrap();
+    let writers: Vec<Child> = [&dev.mnt, &other.path, &dev.mnt, &other.path]
+        .iter()
+        .map(|root| {
+            Command::new("python3")
+                .args(["-c", REWRITER])
+                .arg(root.join("hot"))
+                .arg("10")
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (mut ops, mut errors, mut worst) = (0u64, 0u64, 0u64);
+    for w in writers {
+        let out = w.wait_with_output().unwrap();
+        assert!(out.status.success(), "a rewriter failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let f: Vec<u64> = text.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        ops += f[0];
+        errors += f[1];
+        worst = worst.max(f[2]);
+    }
+    println!("{ops} rewrites, {errors} refused, slowest {worst} ms");
+    assert!(worst < 10_000, "a rewrite hung for {worst} ms");
+    // A refusal is the rare way out of a real two-way wait, not the rule.
+    assert!(errors * 100 <= ops, "{errors} of {ops} rewrites failed");
+}
+
 #[test]
 fn o_append_is_atomic_across_mounts() {
     let dev = Dev::start(3, 3);
