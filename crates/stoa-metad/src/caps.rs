@@ -51,6 +51,8 @@ struct Holder {
 struct Wait {
     id: u64,
     waiter: SessionId,
+    /// Whether the call may be refused: it changed nothing yet (a grant).
+    refusable: bool,
     works_on: Vec<InodeId>,
     on: SessionId,
     ino: InodeId,
@@ -209,37 +211,37 @@ impl CapTable {
         s.inodes.get(&ino).and_then(|h| h.get(&session)).is_some_and(|h| h.seq <= seq)
     }
 
-    /// Notes that a call of `waiter` working on `works_on` waits for `on` to ack its
-    /// recall of `ino`, until the guard is dropped.
-    fn start_wait(
-        &self,
-        waiter: SessionId,
-        works_on: &[InodeId],
-        on: SessionId,
-        ino: InodeId,
-    ) -> WaitGuard<'_> {
+    /// Notes that a call of `waiter` waits for `on` to ack its recall of `ino`, until
+    /// the guard is dropped.
+    fn start_wait(&self, waiter: Waiter, on: SessionId, ino: InodeId) -> WaitGuard<'_> {
         let mut s = self.lock();
         s.next_wait += 1;
         let id = s.next_wait;
-        s.waits.push(Wait { id, waiter, works_on: works_on.to_vec(), on, ino });
+        let works_on = waiter.works_on.to_vec();
+        let refusable = waiter.refusable;
+        s.waits.push(Wait { id, waiter: waiter.session, refusable, works_on, on, ino });
         WaitGuard { table: self, id }
     }
 
-    /// Whether the session this wait is for waits, since before it, for this wait's
-    /// client. That session's client answers the recall only after its call working on
-    /// the recalled inode returns (the kernel keeps its pages locked, or it counts as in
-    /// flight on the inode), and that call waits for this client to answer a recall,
-    /// which waits for this call: both would wait until a call timeout.
+    /// Whether this wait should be refused: the session it waits for has a call waiting
+    /// for this wait's client. That session's client answers the recall only after its
+    /// call working on the recalled inode returns (the kernel keeps its pages locked, or
+    /// it counts as in flight on the inode), and that call waits for this client to
+    /// answer a recall, which waits for this call: both would wait until a call
+    /// timeout. Only a grant is refused, never a change already made (other clients
+    /// would read it while the recalled one still answered from its cache); of two
+    /// grants, the later.
     fn in_cycle(&self, wait: &WaitGuard) -> bool {
         let s = self.lock();
         let Some(me) = s.waits.iter().find(|w| w.id == wait.id) else { return false };
-        s.waits.iter().any(|w| {
-            w.id < me.id
-                && w.waiter == me.on
-                && w.on == me.waiter
-                && w.works_on.contains(&me.ino)
-                && me.works_on.contains(&w.ino)
-        })
+        me.refusable
+            && s.waits.iter().any(|w| {
+                (!w.refusable || w.id < me.id)
+                    && w.waiter == me.on
+                    && w.on == me.waiter
+                    && w.works_on.contains(&me.ino)
+                    && me.works_on.contains(&w.ino)
+            })
     }
 
     /// Drops `session`'s grant of `ino` (its holder's lease ran out).
@@ -356,6 +358,7 @@ pub(crate) async fn await_grace(node: &Node) -> Result<(), FsError> {
 struct Waiter<'a> {
     session: SessionId,
     works_on: &'a [InodeId],
+    refusable: bool,
 }
 
 /// Recalls the grants in `targets` of `ino` and waits until each is acked or its
@@ -377,7 +380,7 @@ async fn recall(
         node.caps.queue_recall(*session, ino, holder.seq);
     }
     for (session, holder) in targets {
-        let wait = node.caps.start_wait(waiter.session, waiter.works_on, session, ino);
+        let wait = node.caps.start_wait(waiter, session, ino);
         let mut cycle_since = None;
         loop {
             let released = node.caps.released.notified();
@@ -439,7 +442,7 @@ pub(crate) async fn get_caps(
     await_grace(node).await?;
     // The client's call works on the inode (a read or write holds its pages locked in
     // the kernel), or on the directory it looks a name up in.
-    let waiter = Waiter { session, works_on: &[ino] };
+    let waiter = Waiter { session, works_on: &[ino], refusable: true };
     let (target, dir_seq) = match name {
         None => (ino, 0),
         Some(name) => {
@@ -519,21 +522,16 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Vec<InodeId>, Fs
 }
 
 /// Recalls every other session's caps on `inodes` (after `session` changed them) and
-/// waits for the acks. An error means the change was made but the other caches may not
-/// be gone yet ([`CapTable::start_wait`]).
-pub(crate) async fn recall_touched(
-    node: &Node,
-    session: SessionId,
-    inodes: &[InodeId],
-) -> Result<(), FsError> {
-    let waiter = Waiter { session, works_on: inodes };
+/// waits for the acks.
+pub(crate) async fn recall_touched(node: &Node, session: SessionId, inodes: &[InodeId]) {
+    let waiter = Waiter { session, works_on: inodes, refusable: false };
     for &ino in inodes {
         let others = node.caps.others(ino, session);
         if !others.is_empty() {
-            recall(node, ino, others, waiter).await?;
+            // Never refused: only grants are (see `CapTable::in_cycle`).
+            let _ = recall(node, ino, others, waiter).await;
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -580,20 +578,26 @@ mod tests {
     }
 
     #[test]
-    fn only_the_later_of_two_calls_waiting_for_each_other_sees_the_cycle() {
+    fn a_grant_waiting_for_a_client_that_waits_for_it_is_refused() {
         const Y: InodeId = InodeId(11);
         let t = CapTable::default();
-        let a_on_b = t.start_wait(A, &[X], B, X);
+        let grant = |session, works_on| Waiter { session, works_on, refusable: true };
+        let a_on_b = t.start_wait(grant(A, &[X]), B, X);
         assert!(!t.in_cycle(&a_on_b));
         // B waits for A on another inode than A's call works on: no cycle.
-        let elsewhere = t.start_wait(B, &[Y], A, Y);
+        let elsewhere = t.start_wait(grant(B, &[Y]), A, Y);
         assert!(!t.in_cycle(&elsewhere));
-        let b_on_a = t.start_wait(B, &[X, Y], A, X);
+        let b_on_a = t.start_wait(grant(B, &[X, Y]), A, X);
         assert!(t.in_cycle(&b_on_a));
-        assert!(!t.in_cycle(&a_on_b), "the earlier call keeps waiting");
+        assert!(!t.in_cycle(&a_on_b), "of two grants, the earlier keeps waiting");
         drop(a_on_b);
         assert!(!t.in_cycle(&b_on_a));
-        drop((elsewhere, b_on_a));
+        // A change already made is never refused; a grant it waits for is, even an
+        // earlier one.
+        let change = t.start_wait(Waiter { session: A, works_on: &[X], refusable: false }, B, X);
+        assert!(t.in_cycle(&b_on_a));
+        assert!(!t.in_cycle(&change));
+        drop((elsewhere, b_on_a, change));
         assert!(t.lock().waits.is_empty());
     }
 

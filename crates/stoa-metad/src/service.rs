@@ -111,16 +111,13 @@ impl Node {
             _ if session.0 != 0 => self.leases.renew(session),
             _ => {}
         }
-        // Refused only to end two clients waiting for each other: the change is made,
-        // and the caller learns it cannot count on the others having seen it.
-        let recalled = match answer {
-            Ok(_) => caps::recall_touched(self, session, &touched).await,
-            Err(_) => Ok(()),
-        };
+        if answer.is_ok() {
+            caps::recall_touched(self, session, &touched).await;
+        }
         if closing {
             self.caps.drop_session(session);
         }
-        recalled.and(answer)
+        answer
     }
 
     /// Calls only the leader answers; a follower forwards them.
