@@ -33,7 +33,7 @@ pub(crate) const POLL_HOLD: Duration = Duration::from_millis(1000);
 const MIN_HOLD: Duration = Duration::from_millis(5);
 /// How often a recall looks at its holders again while waiting.
 const RECALL_RECHECK: Duration = Duration::from_millis(50);
-/// How long two calls may wait for each other's clients before the later is refused.
+/// How long a grant may wait for a client that waits for it before it is refused.
 const CYCLE_PATIENCE: Duration = Duration::from_millis(300);
 /// How often a call waiting for the grace period checks it.
 const GRACE_RECHECK: Duration = Duration::from_millis(50);
@@ -362,8 +362,8 @@ struct Waiter<'a> {
 }
 
 /// Recalls the grants in `targets` of `ino` and waits until each is acked or its
-/// holder's lease ran out; refused when a holder waits for the waiter's own client
-/// ([`CapTable::start_wait`]).
+/// holder's lease ran out; a grant is refused when a holder waits for the waiter's own
+/// client ([`CapTable::in_cycle`]).
 async fn recall(
     node: &Node,
     ino: InodeId,
