@@ -297,18 +297,17 @@ impl CapTable {
 
 /// Records the caps `session` says it holds from an earlier leader. One that conflicts
 /// with what this leader already granted (possible only after the grace period ran out)
-/// is recalled at once.
+/// is recalled at once, and recorded all the same: its client uses it until it acks, so
+/// a later conflicting grant must wait for that ack too.
 fn reassert(s: &mut State, session: SessionId, held: &[HeldCap]) {
     let long_ago = s.elapsed_origin();
     let mut recalls = Vec::new();
     for cap in held {
         let holders = s.inodes.entry(cap.ino).or_default();
-        let clash = holders.iter().any(|(o, h)| *o != session && conflicts(h.mode, cap.mode));
-        if clash {
+        if holders.iter().any(|(o, h)| *o != session && conflicts(h.mode, cap.mode)) {
             recalls.push(CapRef { ino: cap.ino, seq: cap.seq });
-        } else {
-            holders.insert(session, Holder { mode: cap.mode, seq: cap.seq, granted_at: long_ago });
         }
+        holders.insert(session, Holder { mode: cap.mode, seq: cap.seq, granted_at: long_ago });
     }
     let stream = s.streams.entry(session).or_default();
     stream.known = true;
@@ -575,6 +574,13 @@ mod tests {
             assert!(s.streams[&A].known && s.streams[&B].known);
         }
         assert!(t.try_register(B, X, CapMode::Shared).is_err());
+        // B's cap is recorded until B acks: a third session's grant waits for both.
+        let blocking = t.try_register(SessionId(3), X, CapMode::Shared).unwrap_err();
+        assert_eq!(blocking.len(), 1, "only A's exclusive cap conflicts with a shared one");
+        let blocking = t.try_register(SessionId(3), X, CapMode::Exclusive).unwrap_err();
+        assert_eq!(blocking.len(), 2);
+        t.release(B, &[CapRef { ino: X, seq: 9 }]);
+        assert_eq!(t.try_register(SessionId(3), X, CapMode::Exclusive).unwrap_err().len(), 1);
     }
 
     #[test]
