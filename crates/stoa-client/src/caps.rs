@@ -283,30 +283,30 @@ impl Caps {
 
     /// Records a renewal sent at `sent`: caps stay usable for three quarters of a lease
     /// after it. A new meta leader waits as long before it grants caps no session has
-    /// reasserted (stoa-metad `caps.rs::await_grace`), so keep the two in step.
-    /// Extends the caps' validity after a renewal sent at `sent`. Caps that lapsed before
-    /// it came are dropped first (the leader may have granted them elsewhere meanwhile):
-    /// returns them, for the kernel to forget.
+    /// reasserted (stoa-metad `caps.rs::await_grace`), so keep the two in step. Caps that
+    /// lapsed before it came are dropped first (the leader may have granted them
+    /// elsewhere meanwhile): returns them, for the kernel to forget.
     fn renewed(&self, sent: Instant, lease: Duration) -> Vec<(InodeId, Held)> {
         let until = sent + lease * 3 / 4;
         let mut t = self.lock();
-        let lapsed = t.valid_until.is_some_and(|u| u <= Instant::now());
-        let dropped = if lapsed {
-            t.valid_until = None;
-            t.held.drain().collect()
-        } else {
-            Vec::new()
-        };
+        let dropped = Caps::take_lapsed(&mut t);
         t.valid_until = Some(t.valid_until.map_or(until, |u| u.max(until)));
         dropped
     }
 
     /// Drops every cap if their validity ran out; returns them, for the kernel to forget.
     fn drop_lapsed(&self) -> Vec<(InodeId, Held)> {
-        let mut t = self.lock();
+        Caps::take_lapsed(&mut self.lock())
+    }
+
+    fn take_lapsed(t: &mut Table) -> Vec<(InodeId, Held)> {
         if t.valid_until.is_none_or(|u| u > Instant::now()) {
             return Vec::new();
         }
+        Caps::take_all(t)
+    }
+
+    fn take_all(t: &mut Table) -> Vec<(InodeId, Held)> {
         t.valid_until = None;
         t.held.drain().collect()
     }
@@ -314,9 +314,7 @@ impl Caps {
     /// Drops every cap (the session expired or could not renew in time); returns what
     /// the kernel must forget.
     fn drop_all(&self) -> Vec<(InodeId, Held)> {
-        let mut t = self.lock();
-        t.valid_until = None;
-        t.held.drain().collect()
+        Caps::take_all(&mut self.lock())
     }
 
     fn kernel(&self) -> Option<Arc<dyn KernelCache>> {
@@ -539,7 +537,7 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
                 }
                 Ok(other) => tracing::warn!("{}", unexpected("CapEvents", &other)),
                 Err(FsError::SessionExpired) => {
-                    forget_everything(&sh).await;
+                    forget(&sh, sh.caps.drop_all()).await;
                     if let Err(e) = sh.session.reopen(session).await {
                         tracing::warn!("reopening the meta session: {e}");
                     }
@@ -554,11 +552,6 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Drops every cap and what was cached under them, the kernel's caches included.
-async fn forget_everything(sh: &Arc<Shared>) {
-    forget(sh, sh.caps.drop_all()).await;
-}
-
 /// Drops what was cached under the caps `dropped`, the kernel's caches included.
 async fn forget(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
     if dropped.is_empty() {
@@ -566,9 +559,7 @@ async fn forget(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
     }
     for (ino, _) in &dropped {
         if let Some(file) = sh.open_file(*ino) {
-            let mut inner = file.lock();
-            inner.prefetched.clear();
-            inner.meta_size = None;
+            file.lock().drop_cap_cache();
         }
     }
     invalidate_kernel(sh, dropped).await;
@@ -606,9 +597,7 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
                     // or close.
                     tracing::warn!("flushing inode {} for a recall: {e}", r.ino);
                 }
-                let mut inner = file.lock();
-                inner.prefetched.clear();
-                inner.meta_size = None;
+                file.lock().drop_cap_cache();
             }
         }
         dropped

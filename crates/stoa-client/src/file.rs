@@ -92,6 +92,13 @@ pub(crate) struct FileInner {
 }
 
 impl FileInner {
+    /// Drops what this client cached of the file under a cap (readahead, the size meta
+    /// reported): the cap is gone.
+    pub fn drop_cap_cache(&mut self) {
+        self.prefetched.clear();
+        self.meta_size = None;
+    }
+
     /// Records a write-behind (or commit) failure for every handle to see.
     fn fail(&mut self, e: FsError) {
         self.error = Some(e);
