@@ -23,7 +23,7 @@ use crate::session::unexpected;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use stoa_proto::{CapMode, CapRef, HeldCap, MetaOp, MetaResponse};
+use stoa_proto::{cap_seq_term, CapMode, CapRef, HeldCap, MetaOp, MetaResponse};
 use stoa_types::{Attr, FsError, InodeId, SessionId};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
@@ -73,6 +73,9 @@ struct Table {
     gates: HashMap<InodeId, Arc<RwLock<()>>>,
     /// Caps are usable until then (the last renewal sent, plus most of a lease).
     valid_until: Option<Instant>,
+    /// The newest meta leader term a poll answer named. Grants of older terms arriving
+    /// later are used once and not cached: that leader's successor may not know them.
+    term: u64,
 }
 
 /// The client's caps.
@@ -208,8 +211,9 @@ impl Caps {
     /// Stores a grant unless a recall already named it. Returns whether it was stored.
     fn store(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
         let mut t = self.lock();
-        let late =
-            |t: &Table, ino: InodeId, seq: u64| t.recalled.get(&ino).is_some_and(|&r| r >= seq);
+        let late = |t: &Table, ino: InodeId, seq: u64| {
+            cap_seq_term(seq) < t.term || t.recalled.get(&ino).is_some_and(|&r| r >= seq)
+        };
         let mut stored = false;
         if !late(&t, grant.attr.ino, grant.seq) {
             let h = t.held.entry(grant.attr.ino).or_insert(Held {
@@ -238,10 +242,18 @@ impl Caps {
         stored
     }
 
-    /// Every cap held, for the events stream (a new leader takes it as reassertion).
-    fn held_list(&self) -> Vec<HeldCap> {
+    /// Every cap held and the newest leader term known, for the events stream (a new
+    /// leader takes it as reassertion).
+    fn held_list(&self) -> (Vec<HeldCap>, u64) {
         let t = self.lock();
-        t.held.iter().map(|(ino, h)| HeldCap { ino: *ino, mode: h.mode, seq: h.seq }).collect()
+        let held = t.held.iter().map(|(ino, h)| HeldCap { ino: *ino, mode: h.mode, seq: h.seq });
+        (held.collect(), t.term)
+    }
+
+    /// Notes the term a poll answer named.
+    fn learn_term(&self, term: u64) {
+        let mut t = self.lock();
+        t.term = t.term.max(term);
     }
 
     /// Starts recalling `r`: later operations on the inode run uncapped. Returns the cap
@@ -506,12 +518,12 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
             let Some(sh) = weak.upgrade() else { return };
             let session = sh.session.id();
             let lease = Duration::from_millis(sh.session.grant().lease_ms);
-            let held = sh.caps.held_list();
+            let (held, term) = sh.caps.held_list();
             let sent = Instant::now();
             // The caps lapse at their deadline even while the poll hangs (a partitioned
             // leader): what the kernel cached under them goes then, not at the next poll.
             let polled = {
-                let poll = sh.session.call_leader(MetaOp::CapEvents { held }, POLL_TIMEOUT);
+                let poll = sh.session.call_leader(MetaOp::CapEvents { held, term }, POLL_TIMEOUT);
                 tokio::pin!(poll);
                 loop {
                     let until = sh.caps.lock().valid_until;
@@ -529,7 +541,8 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
                 }
             };
             match polled {
-                Ok(MetaResponse::CapEvents { recalls }) => {
+                Ok(MetaResponse::CapEvents { recalls, term }) => {
+                    sh.caps.learn_term(term);
                     forget(&sh, sh.caps.renewed(sent, lease)).await;
                     for r in recalls {
                         tokio::spawn(recall(sh.clone(), r));

@@ -8,14 +8,16 @@
 //!                                          registered (seq) --> read attr --> Caps
 //!
 //!  mutation by S --> touched inodes --> propose --> recall every other holder --> answer
-//!  CapEvents (long poll): reassert held caps once per term, wait for queued recalls
+//!  CapEvents (long poll): reassert held caps until a poll names this term, wait for
+//!                         queued recalls
 //!  CapsReleased: drop the acked grants, wake waiting recalls
 //! ```
 //!
 //! Caps are soft state of the leader, like session leases: they change on every cold
 //! `stat` and would cost a Raft entry each. A new leader starts empty, in a grace period
-//! that lasts until every open session has reasserted its caps (first poll) or a lease
-//! has passed, and grants nothing and answers no mutation meanwhile.
+//! that lasts until every open session has reasserted its caps (a poll that names this
+//! leader's term) or most of a lease has passed, and grants nothing and answers no
+//! mutation meanwhile.
 
 use crate::service::Node;
 use std::collections::HashMap;
@@ -181,7 +183,7 @@ impl CapTable {
             return Err(blocking);
         }
         s.counter += 1;
-        let seq = (s.term << 40) | s.counter;
+        let seq = stoa_proto::cap_seq(s.term, s.counter);
         let holders = s.inodes.entry(ino).or_default();
         let mode = holders.get(&session).map_or(mode, |h| h.mode.max(mode));
         holders.insert(session, Holder { mode, seq, granted_at: Instant::now() });
@@ -274,25 +276,68 @@ impl CapTable {
         self.released.notify_waiters();
     }
 
-    /// Takes a session's reassertion (its first poll this term), then returns its queued
-    /// recalls, waiting up to [`POLL_HOLD`] for one.
-    pub async fn poll(&self, session: SessionId, held: &[HeldCap]) -> Vec<CapRef> {
-        let wake = {
-            let mut s = self.lock();
-            let s = &mut *s;
-            if !s.streams.get(&session).is_some_and(|st| st.known) {
-                reassert(s, session, held);
+    /// Takes a session's reassertion (its polls this term until one names this term),
+    /// then returns its queued recalls, waiting up to [`POLL_HOLD`] for one, and this
+    /// leader's term. `client_term` is the newest term the client learned from a poll
+    /// answer.
+    ///
+    /// A poll that names an older term may carry a list taken before the client saw this
+    /// leader (a call retried across the election), and the client may still store grants
+    /// an earlier leader made after it took that list. So such a poll is answered at once
+    /// with the term, and the session counts as reasserted only on its next poll: the
+    /// client takes that list after it learned the term, and from then on caches no grant
+    /// of an older term.
+    fn poll_now(
+        &self,
+        session: SessionId,
+        held: &[HeldCap],
+        client_term: u64,
+    ) -> Result<Polled, FsError> {
+        let mut s = self.lock();
+        let s = &mut *s;
+        if client_term > s.term {
+            // The client heard from a newer leader: this replica no longer leads.
+            return Err(FsError::NotLeader { leader: None, addr: None });
+        }
+        let term = s.term;
+        if !s.streams.get(&session).is_some_and(|st| st.known) {
+            reassert(s, session, held);
+            if client_term == term {
+                s.streams.entry(session).or_default().known = true;
+            } else {
+                let queue = s.streams.get_mut(&session).map(|st| std::mem::take(&mut st.queue));
+                return Ok(Polled::Answer(queue.unwrap_or_default(), term));
             }
-            let stream = s.streams.entry(session).or_default();
-            if !stream.queue.is_empty() {
-                return std::mem::take(&mut stream.queue);
-            }
-            stream.wake.clone()
+        }
+        let stream = s.streams.entry(session).or_default();
+        if !stream.queue.is_empty() {
+            return Ok(Polled::Answer(std::mem::take(&mut stream.queue), term));
+        }
+        Ok(Polled::Wait(stream.wake.clone(), term))
+    }
+
+    /// [`CapTable::poll_now`], then the hold.
+    pub async fn poll(
+        &self,
+        session: SessionId,
+        held: &[HeldCap],
+        client_term: u64,
+    ) -> Result<(Vec<CapRef>, u64), FsError> {
+        let (wake, term) = match self.poll_now(session, held, client_term)? {
+            Polled::Answer(recalls, term) => return Ok((recalls, term)),
+            Polled::Wait(wake, term) => (wake, term),
         };
         let _ = tokio::time::timeout(POLL_HOLD, wake.notified()).await;
         let mut s = self.lock();
-        s.streams.get_mut(&session).map(|st| std::mem::take(&mut st.queue)).unwrap_or_default()
+        let queue = s.streams.get_mut(&session).map(|st| std::mem::take(&mut st.queue));
+        Ok((queue.unwrap_or_default(), term))
     }
+}
+
+/// What a poll does at once: answer, or hold until woken.
+enum Polled {
+    Answer(Vec<CapRef>, u64),
+    Wait(Arc<Notify>, u64),
 }
 
 /// Records the caps `session` says it holds from an earlier leader. One that conflicts
@@ -307,11 +352,17 @@ fn reassert(s: &mut State, session: SessionId, held: &[HeldCap]) {
         if holders.iter().any(|(o, h)| *o != session && conflicts(h.mode, cap.mode)) {
             recalls.push(CapRef { ino: cap.ino, seq: cap.seq });
         }
-        holders.insert(session, Holder { mode: cap.mode, seq: cap.seq, granted_at: long_ago });
+        // A session reasserts more than once, and may hold a newer grant of this leader
+        // than the list it sent: keep the newest and strongest.
+        let holder = holders.entry(session).or_insert(Holder {
+            mode: cap.mode,
+            seq: cap.seq,
+            granted_at: long_ago,
+        });
+        holder.mode = holder.mode.max(cap.mode);
+        holder.seq = holder.seq.max(cap.seq);
     }
-    let stream = s.streams.entry(session).or_default();
-    stream.known = true;
-    stream.queue.extend(recalls);
+    s.streams.entry(session).or_default().queue.extend(recalls);
 }
 
 impl State {
@@ -333,7 +384,8 @@ pub(crate) async fn await_grace(node: &Node) -> Result<(), FsError> {
     loop {
         let elected = {
             let s = node.caps.lock();
-            if !s.grace {
+            // Until the table restarted for this term, it may be an earlier term's.
+            if !s.grace && s.term == node.raft.view().term {
                 return Ok(());
             }
             s.elected
@@ -546,7 +598,7 @@ mod tests {
         let t = CapTable::default();
         t.restart(3);
         let a = t.try_register(A, X, CapMode::Shared).unwrap();
-        assert_eq!(a >> 40, 3, "the term is in the high bits");
+        assert_eq!(stoa_proto::cap_seq_term(a), 3, "the term is in the high bits");
         let b = t.try_register(B, X, CapMode::Shared).unwrap();
         assert!(b > a);
         let blocking = t.try_register(A, X, CapMode::Exclusive).unwrap_err();
@@ -571,7 +623,10 @@ mod tests {
             reassert(&mut s, A, &[HeldCap { ino: X, mode: CapMode::Exclusive, seq: 7 }]);
             reassert(&mut s, B, &[HeldCap { ino: X, mode: CapMode::Shared, seq: 9 }]);
             assert_eq!(s.streams[&B].queue, vec![CapRef { ino: X, seq: 9 }]);
-            assert!(s.streams[&A].known && s.streams[&B].known);
+            // Reasserting again never takes a newer grant back to an older one.
+            reassert(&mut s, A, &[HeldCap { ino: X, mode: CapMode::Shared, seq: 3 }]);
+            let a = s.inodes[&X][&A];
+            assert_eq!((a.mode, a.seq), (CapMode::Exclusive, 7));
         }
         assert!(t.try_register(B, X, CapMode::Shared).is_err());
         // B's cap is recorded until B acks: a third session's grant waits for both.
@@ -614,6 +669,26 @@ mod tests {
         t.opened(A);
         t.queue_recall(A, X, 5);
         t.queue_recall(A, X, 5);
-        assert_eq!(t.poll(A, &[]).await, vec![CapRef { ino: X, seq: 5 }]);
+        assert_eq!(t.poll(A, &[], 1).await.unwrap(), (vec![CapRef { ino: X, seq: 5 }], 1));
+    }
+
+    #[tokio::test]
+    async fn a_session_has_reasserted_only_once_a_poll_names_the_term() {
+        let t = CapTable::default();
+        t.restart(2);
+        let held = [HeldCap { ino: X, mode: CapMode::Shared, seq: 7 }];
+        // A list from before the client heard of this leader: taken, answered at once,
+        // but not yet the whole of what the session may cache.
+        let (recalls, term) = t.poll(A, &held, 1).await.unwrap();
+        assert_eq!((recalls, term), (vec![], 2));
+        assert!(!t.lock().streams[&A].known);
+        assert!(t.try_register(B, X, CapMode::Exclusive).is_err(), "the cap is recorded");
+        // The next list, taken after the client learned the term, completes it.
+        let late = HeldCap { ino: InodeId(11), mode: CapMode::Exclusive, seq: 8 };
+        assert!(matches!(t.poll_now(A, &[held[0], late], 2), Ok(Polled::Wait(_, 2))));
+        assert!(t.lock().streams[&A].known);
+        assert!(t.try_register(B, InodeId(11), CapMode::Shared).is_err());
+        // A client that heard from a newer leader is told this one no longer leads.
+        assert!(matches!(t.poll(A, &[], 3).await, Err(FsError::NotLeader { .. })));
     }
 }

@@ -132,10 +132,15 @@ impl Node {
                 self.leases.renew(req.session);
                 caps::get_caps(self, req.session, ino, name, mode).await
             }
-            MetaOp::CapEvents { held } => {
+            MetaOp::CapEvents { held, term } => {
+                // The client counts its caps valid from when it sent this poll: only a
+                // replica that still leads after it arrived may renew them, or a leader
+                // cut off from the others would keep them alive past a new leader's
+                // grace period (docs/flows/caps.md, invariant 8).
+                self.raft.linearize().await?;
                 self.renew(req.session).await?;
-                let recalls = self.caps.poll(req.session, &held).await;
-                Ok(MetaResponse::CapEvents { recalls })
+                let (recalls, term) = self.caps.poll(req.session, &held, term).await?;
+                Ok(MetaResponse::CapEvents { recalls, term })
             }
             MetaOp::CapsReleased { released } => {
                 self.caps.release(req.session, &released);

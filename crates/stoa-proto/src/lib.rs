@@ -26,8 +26,9 @@ pub use frame::{
     PAYLOAD_LEN_MAX,
 };
 pub use meta::{
-    CapMode, CapRef, ChunkServerStatus, ClusterStatus, FileLock, HeldCap, LockKind, LockOwner,
-    MetaMemberStatus, MetaOp, MetaRequest, MetaResponse, RepairProgress, SessionGrant,
+    cap_seq, cap_seq_term, CapMode, CapRef, ChunkServerStatus, ClusterStatus, FileLock, HeldCap,
+    LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest, MetaResponse, RepairProgress,
+    SessionGrant,
 };
 
 use serde::{Deserialize, Serialize};
@@ -38,7 +39,8 @@ use stoa_types::FsError;
 ///
 /// 2: chunk heartbeats and status carry repair progress; `ListChunks` answers lengths;
 /// heartbeat answers carry the replica count.
-pub const PROTOCOL_VERSION: u8 = 2;
+/// 3: `CapEvents` polls and answers carry the leader term.
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -228,9 +228,13 @@ pub enum MetaOp {
     /// The long poll of a client's events stream: answered with
     /// [`MetaResponse::CapEvents`] as soon as recalls are queued for the session, or
     /// empty after a short hold. Carries every cap the client holds, which a new leader
-    /// takes as the session's reassertion; renews the session like `RenewSession`.
+    /// takes as the session's reassertion, and the newest leader term the client learned
+    /// from an earlier answer: a new leader counts the session's reassertion complete
+    /// only from a poll that names its term (docs/flows/caps.md, invariant 8). Renews the
+    /// session like `RenewSession`, after the leader confirmed it still leads.
     CapEvents {
         held: Vec<HeldCap>,
+        term: u64,
     },
     /// The client dropped these caps (answering recalls) and every cache under them.
     CapsReleased {
@@ -261,6 +265,20 @@ pub struct HeldCap {
 pub struct CapRef {
     pub ino: InodeId,
     pub seq: u64,
+}
+
+/// Grant sequence numbers carry the leader's term in their high bits, so a new leader's
+/// grants outnumber an old one's and a client can tell which leader made a grant.
+const CAP_SEQ_TERM_SHIFT: u32 = 40;
+
+/// The sequence number of a leader's `counter`th grant in `term`.
+pub fn cap_seq(term: u64, counter: u64) -> u64 {
+    (term << CAP_SEQ_TERM_SHIFT) | counter
+}
+
+/// The term of the leader that made grant `seq`.
+pub fn cap_seq_term(seq: u64) -> u64 {
+    seq >> CAP_SEQ_TERM_SHIFT
 }
 
 /// Who holds a lock: a process (POSIX locks) or an open file (OFD and flock locks) of
@@ -379,9 +397,11 @@ pub enum MetaResponse {
         seq: u64,
         dir_seq: u64,
     },
-    /// Recalls queued for the polling session; empty when the hold ran out first.
+    /// Recalls queued for the polling session (empty when the hold ran out first), and
+    /// the leader's term.
     CapEvents {
         recalls: Vec<CapRef>,
+        term: u64,
     },
 }
 

@@ -288,7 +288,7 @@ impl Handler {
                 let attr = st.attrs.get(&ino).cloned().ok_or(FsError::NotFound)?;
                 MetaResponse::Caps { attr, mode, seq: st.cap_seq, dir_seq: st.cap_seq }
             }
-            MetaOp::CapEvents { .. } => MetaResponse::CapEvents { recalls: vec![] },
+            MetaOp::CapEvents { .. } => MetaResponse::CapEvents { recalls: vec![], term: 0 },
             MetaOp::CapsReleased { .. } => MetaResponse::Done,
             _ => return Err(FsError::NotSupported),
         })
