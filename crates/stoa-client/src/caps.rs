@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use stoa_proto::{cap_seq_term, CapMode, CapRef, HeldCap, MetaOp, MetaResponse};
-use stoa_types::{Attr, FsError, InodeId, SessionId};
+use stoa_types::{Attr, FsError, InodeId, SessionId, Timestamp};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 /// The longest TTL handed to the kernel under a cap. Shorter when the cap's validity
@@ -76,6 +76,9 @@ struct Table {
     /// The newest meta leader term a poll answer named. Grants of older terms arriving
     /// later are used once and not cached: that leader's successor may not know them.
     term: u64,
+    /// How many times every cap was dropped at once (they lapsed, or the session was
+    /// lost). Writes buffered under caps of an earlier generation are never sent.
+    generation: u64,
 }
 
 /// The client's caps.
@@ -320,7 +323,27 @@ impl Caps {
 
     fn take_all(t: &mut Table) -> Vec<(InodeId, Held)> {
         t.valid_until = None;
+        t.generation += 1;
         t.held.drain().collect()
+    }
+
+    /// The generation of the caps writes are buffered under now.
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// The fence of a write buffered under caps of `generation`: the Unix time in ms
+    /// when they stop being valid, after which no chunk server may take it; or
+    /// `SessionExpired` if they lapsed since (see `chunk_io::Deadline`).
+    pub fn write_deadline(&self, generation: u64) -> Result<u64, FsError> {
+        let t = self.lock();
+        match Caps::remaining(&t) {
+            Some(left) if t.generation == generation => {
+                let left = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+                Ok(Timestamp::now().as_millis().saturating_add(left))
+            }
+            _ => Err(FsError::SessionExpired),
+        }
     }
 
     /// Drops every cap (the session expired or could not renew in time); returns what

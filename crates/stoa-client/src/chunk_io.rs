@@ -34,6 +34,12 @@ const CHAIN_CHECK_EVERY: Duration = Duration::from_secs(1);
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// The fence of a client write, asked again before every attempt: the Unix time in ms
+/// after which the chain head must refuse it, or `SessionExpired` when the caps it was
+/// buffered under lapsed (then it is not sent at all: meta may have given them to
+/// another client, whose newer data it would overwrite). 0: no fence.
+pub(crate) type Deadline<'a> = &'a (dyn Fn() -> Result<u64, FsError> + Sync);
+
 pub(crate) struct ChunkIo {
     pool: Pool,
     session: Arc<Session>,
@@ -48,12 +54,14 @@ impl ChunkIo {
     }
 
     /// Writes `data`, the bytes of `ranges` (`(offset, len)` in the chunk) back to back,
-    /// to `chunk` through its whole chain, as one new version of the chunk.
+    /// to `chunk` through its whole chain, as one new version of the chunk. `deadline`
+    /// gives each attempt its fence (see [`Deadline`]).
     pub async fn write(
         &self,
         chunk: ChunkId,
         mut ranges: Vec<(u32, u32)>,
         data: Bytes,
+        deadline: Deadline<'_>,
     ) -> Result<(), FsError> {
         let op = match ranges.len() {
             1 => {
@@ -61,14 +69,19 @@ impl ChunkIo {
             }
             _ => ChunkOp::WriteRanges { chunk, ranges, version: None },
         };
-        self.to_head("write", chunk, op, data).await.map(|_| ())
+        self.to_head("write", chunk, op, data, deadline).await.map(|_| ())
     }
 
     /// Cuts `chunk` to `len` bytes (0 removes it). A chunk that was never written is
     /// already as short as asked.
-    pub async fn truncate(&self, chunk: ChunkId, len: u32) -> Result<(), FsError> {
+    pub async fn truncate(
+        &self,
+        chunk: ChunkId,
+        len: u32,
+        deadline: Deadline<'_>,
+    ) -> Result<(), FsError> {
         let op = ChunkOp::Truncate { chunk, len, version: None };
-        match self.to_head("truncate", chunk, op, Bytes::new()).await {
+        match self.to_head("truncate", chunk, op, Bytes::new(), deadline).await {
             Ok(_) | Err(FsError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
@@ -85,7 +98,7 @@ impl ChunkIo {
         }
         for group in by_chain.into_values() {
             let op = ChunkOp::Sync { chunks: group.clone() };
-            self.to_head("sync", group[0], op, Bytes::new()).await?;
+            self.to_head("sync", group[0], op, Bytes::new(), &|| Ok(0)).await?;
         }
         Ok(())
     }
@@ -136,15 +149,19 @@ impl ChunkIo {
         chunk: ChunkId,
         op: ChunkOp,
         payload: Bytes,
+        deadline: Deadline<'_>,
     ) -> Result<ChunkResponse, FsError> {
         self.retrying(what, chunk, |table| {
             let (op, payload) = (op.clone(), payload.clone());
             async move {
+                let deadline_ms = deadline()?;
                 let chain = chain_of(&table, chunk)?;
                 let head = *chain.members.first().ok_or_else(|| {
                     FsError::Unavailable(format!("chain {} has no members", chain.id))
                 })?;
-                self.call(&table, chain, head, op, payload).await.map(|(resp, _)| resp)
+                self.call_until(&table, chain, head, op, payload, deadline_ms)
+                    .await
+                    .map(|(resp, _)| resp)
             }
         })
         .await
@@ -158,11 +175,23 @@ impl ChunkIo {
         op: ChunkOp,
         payload: Bytes,
     ) -> Result<(ChunkResponse, Bytes), FsError> {
+        self.call_until(table, chain, node, op, payload, 0).await
+    }
+
+    async fn call_until(
+        &self,
+        table: &ChainTable,
+        chain: &Chain,
+        node: stoa_types::NodeId,
+        op: ChunkOp,
+        payload: Bytes,
+        deadline_ms: u64,
+    ) -> Result<(ChunkResponse, Bytes), FsError> {
         let addr = table
             .addr(node)
             .ok_or_else(|| FsError::Unavailable(format!("chunk server {node} has no address")))?;
-        let req =
-            Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+        let (chain, chain_version) = (chain.id, chain.version);
+        let req = Request::Chunk(ChunkRequest { chain, chain_version, op, deadline_ms });
         match self.pool.call(addr, &req, payload, CALL_TIMEOUT).await? {
             (Response::Chunk(resp), payload) => Ok((resp, payload)),
             (other, _) => Err(FsError::Protocol(format!("chunk server {addr} answered {other:?}"))),

@@ -280,6 +280,7 @@ impl Client {
         let handle = self.sh.handle(fh)?;
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
         let access = self.access(handle.file.ino, CapMode::Exclusive).await?;
+        self.check_session(&handle)?;
         handle.file.write(&self.sh, offset, data, &handle.errors).await?;
         if let Access::Uncapped { .. } = access {
             handle.file.flush(&self.sh, &handle.errors).await?;
@@ -306,6 +307,7 @@ impl Client {
             }
         };
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
+        self.check_session(&handle)?;
         handle.file.write(&self.sh, offset, data, &handle.errors).await?;
         if let Access::Uncapped { .. } = access {
             handle.file.flush(&self.sh, &handle.errors).await?;
@@ -316,13 +318,25 @@ impl Client {
     /// Sends the buffered writes of the handle's file and waits for them.
     pub async fn flush(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
-        handle.file.flush(&self.sh, &handle.errors).await
+        handle.file.flush(&self.sh, &handle.errors).await?;
+        self.check_session(&handle)
     }
 
     /// Flushes, then makes the file's data durable on every replica.
     pub async fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
-        handle.file.fsync(&self.sh, &handle.errors).await
+        handle.file.fsync(&self.sh, &handle.errors).await?;
+        self.check_session(&handle)
+    }
+
+    /// Fails for a handle opened in a session meta has expired since: what the client
+    /// held in it (caps, locks, the open itself) may belong to others by now, so its
+    /// writes must not land (docs/flows/caps.md, fencing).
+    fn check_session(&self, handle: &OpenHandle) -> Result<(), FsError> {
+        match handle.session == self.sh.session.id() {
+            true => Ok(()),
+            false => Err(expired_handle()),
+        }
     }
 
     /// Flushes every file with buffered writes; returns the first error.

@@ -89,6 +89,10 @@ pub(crate) struct FileInner {
     newest_size: u64,
     pub prefetched: BTreeMap<u64, Arc<Prefetch>>,
     pub opens: u32,
+    /// The caps generation the oldest data not yet written was buffered under: once the
+    /// caps lapse, none of it is sent (it fails with EIO), so a client that was cut off
+    /// past its lease never overwrites what another wrote meanwhile.
+    dirty_generation: Option<u64>,
 }
 
 impl FileInner {
@@ -189,6 +193,7 @@ impl FileState {
                 meta_version: 0,
                 prefetched: BTreeMap::new(),
                 opens: 0,
+                dirty_generation: None,
             }),
             changed: Notify::new(),
             io_lock: tokio::sync::RwLock::new(()),
@@ -226,6 +231,7 @@ impl FileState {
                 inner.prefetched.remove(&k);
             }
             inner.uncommitted_end = inner.uncommitted_end.max(end);
+            inner.dirty_generation.get_or_insert_with(|| sh.caps.generation());
             let ready = inner.buffer.write(offset, data);
             for extent in ready {
                 enqueue(&mut inner, sh, extent);
@@ -270,7 +276,9 @@ impl FileState {
         let end = batch.file_end(sh.chunk_size);
         let len = batch.data.len();
         let chunk = ChunkId { ino: self.ino, index };
-        let result = sh.io.write(chunk, batch.ranges, batch.data).await;
+        let generation = self.lock().dirty_generation.unwrap_or_else(|| sh.caps.generation());
+        let deadline = || sh.caps.write_deadline(generation);
+        let result = sh.io.write(chunk, batch.ranges, batch.data, &deadline).await;
         {
             let mut inner = self.lock();
             inner.inflight.remove(&index);
@@ -298,6 +306,7 @@ impl FileState {
     fn settle(&self, inner: &mut FileInner) {
         if inner.is_idle() {
             inner.uncommitted_end = 0;
+            inner.dirty_generation = None;
         }
     }
 
@@ -320,8 +329,19 @@ impl FileState {
     /// sees one update per round trip, not one per chunk write.
     async fn commit_loop(self: Arc<Self>, sh: &Shared) {
         loop {
-            let Some(end) = self.lock().commit_end.take() else { break };
-            let result = sh.session.call(MetaOp::CommitWrite { ino: self.ino, size: end }).await;
+            let (end, generation) = {
+                let mut inner = self.lock();
+                let Some(end) = inner.commit_end.take() else { break };
+                (end, inner.dirty_generation.unwrap_or_else(|| sh.caps.generation()))
+            };
+            // Fenced like the chunk writes it commits: after the caps lapsed, in the
+            // session it was written in only (a new session would take it).
+            let session = sh.session.id();
+            let commit = MetaOp::CommitWrite { ino: self.ino, size: end };
+            let result = match sh.caps.write_deadline(generation) {
+                Ok(_) => sh.session.call_in(session, commit).await,
+                Err(e) => Err(e),
+            };
             let mut inner = self.lock();
             match result {
                 Ok(MetaResponse::Attr(attr)) => {
@@ -413,12 +433,14 @@ impl FileState {
         let old_size = old_size.max(self.lock().size().unwrap_or(0));
         if size < old_size {
             let cs = u64::from(sh.chunk_size);
+            let generation = sh.caps.generation();
+            let deadline = || sh.caps.write_deadline(generation);
             if !size.is_multiple_of(cs) {
                 let chunk = ChunkId { ino: self.ino, index: size / cs };
-                sh.io.truncate(chunk, (size % cs) as u32).await?;
+                sh.io.truncate(chunk, (size % cs) as u32, &deadline).await?;
             }
             for index in size.div_ceil(cs)..old_size.div_ceil(cs) {
-                sh.io.truncate(ChunkId { ino: self.ino, index }, 0).await?;
+                sh.io.truncate(ChunkId { ino: self.ino, index }, 0, &deadline).await?;
             }
         }
         self.lock().prefetched.clear();

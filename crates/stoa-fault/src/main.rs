@@ -23,7 +23,7 @@ struct Args {
     /// Print the scenario names and exit.
     #[arg(long)]
     list: bool,
-    /// Count anomalies of known bugs too (stale entries across mounts, no fencing).
+    /// Count anomalies of known bugs too (stale entries across mounts, a full chunk server).
     #[arg(long)]
     strict: bool,
     /// The stoa binary (default: next to this one).

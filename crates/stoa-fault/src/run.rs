@@ -161,7 +161,7 @@ fn run_scenario(
     let records = history.records();
     if let Some((clients, expiry_ns)) = &injected.fenced {
         let late = scenario::late_writes(&records, clients, *expiry_ns, injected.end_ns);
-        known.extend(late);
+        anomalies.extend(late);
     }
     let (ops_checked, keys) = check_history(&records, &mut anomalies, &mut known);
     let (stall, stall_op) =

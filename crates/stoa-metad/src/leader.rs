@@ -304,6 +304,7 @@ async fn delete_chunks(
             chain: chain.id,
             chain_version: chain.version,
             op: ChunkOp::Truncate { chunk, len: 0, version: None },
+            deadline_ms: 0,
         });
         let pool = node.pool.clone();
         calls.spawn(async move {

@@ -129,7 +129,7 @@ impl Node {
         match req.op {
             MetaOp::RenewSession => self.renew(req.session).await,
             MetaOp::GetCaps { ino, name, mode } => {
-                self.leases.renew(req.session);
+                self.renew(req.session).await?;
                 caps::get_caps(self, req.session, ino, name, mode).await
             }
             MetaOp::CapEvents { held, term } => {
@@ -163,8 +163,13 @@ impl Node {
 
     /// Renews a session's lease, or says it has expired. A session missing here may only
     /// be missing from a state machine that lags (a new leader), so absence is checked
-    /// again after a ReadIndex before the client is told to start over.
+    /// again after a ReadIndex before the client is told to start over. A session whose
+    /// lease ran out is expired even before the expiry round removes it: its caps may
+    /// have gone to others already, so it must not get them back (fencing).
     async fn renew(&self, session: SessionId) -> Result<MetaResponse, FsError> {
+        if !self.leases.is_live(session, self.raft.session_lease()) {
+            return Err(FsError::SessionExpired);
+        }
         let exists = move |kv: &crate::raft::SmReader| stoa_meta::session_is_open(kv, session);
         if !self.raft.read(exists).await? {
             self.raft.linearize().await?;

@@ -111,11 +111,18 @@ impl Conn {
         let out = Outgoing::new(FrameKind::Request, id, req, payload, peer)?;
         let (wtx, wrx) = oneshot::channel();
         self.shared.waiting.lock().expect("waiting lock poisoned").insert(id, wtx);
-        if self.is_dead() || self.tx.send(out).await.is_err() {
+        let started = tokio::time::Instant::now();
+        // The send waits while the writer is stuck on a socket that takes nothing (a peer
+        // cut off): it counts against the call's timeout like the wait for the reply.
+        let sent = tokio::time::timeout(timeout, self.tx.send(out)).await;
+        if self.is_dead() || !matches!(sent, Ok(Ok(()))) {
             self.shared.waiting.lock().expect("waiting lock poisoned").remove(&id);
-            return Err(NetError::Lost { addr: peer, detail: "connection closed".into() });
+            return Err(match sent {
+                Err(_) => NetError::Timeout { addr: peer, ms: timeout.as_millis() as u64 },
+                Ok(_) => NetError::Lost { addr: peer, detail: "connection closed".into() },
+            });
         }
-        match tokio::time::timeout(timeout, wrx).await {
+        match tokio::time::timeout_at(started + timeout, wrx).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(NetError::Lost { addr: peer, detail: "connection closed".into() }),
             Err(_) => {

@@ -66,6 +66,7 @@ mod tests {
             chain: ChainId(0),
             chain_version: 1,
             op: ChunkOp::Read { chunk: ChunkId { ino: InodeId(1), index }, offset: 0, len },
+            deadline_ms: 0,
         })
     }
 

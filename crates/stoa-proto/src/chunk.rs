@@ -10,11 +10,20 @@ use stoa_types::{ChainId, ChunkId};
 /// believes holds the chunk; a server whose chain table has another version refuses the
 /// request with `StaleChain`, so a server that was removed from a chain can neither serve
 /// stale data nor accept writes.
+///
+/// `deadline_ms` fences clients: a write or truncate sent by a client (to the head,
+/// without a version) is refused with `SessionExpired` if the head takes it after this
+/// Unix time in milliseconds, which is when the client's caps stop being valid (its last
+/// renewal plus three quarters of a lease). Meta gives a silent client's caps to another
+/// only after a whole lease, so a write that was held up in the network (a partition)
+/// cannot land after a newer write of another client. 0: no deadline (chain-internal
+/// calls, meta's own, reads).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRequest {
     pub chain: ChainId,
     pub chain_version: u64,
     pub op: ChunkOp,
+    pub deadline_ms: u64,
 }
 
 /// Every chunk operation. The variant order is the method number: append only.

@@ -159,6 +159,7 @@ mod tests {
                 offset: 4096,
                 version: None,
             },
+            deadline_ms: 1_790_000_000_000,
         });
         let payload = vec![7u8; 10_000];
         let frame = encode_frame(FrameKind::Request, 77, &req, &payload).unwrap();

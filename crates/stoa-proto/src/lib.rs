@@ -39,7 +39,8 @@ use stoa_types::FsError;
 ///
 /// 2: chunk heartbeats and status carry repair progress; `ListChunks` answers lengths;
 /// heartbeat answers carry the replica count.
-/// 3: `CapEvents` polls and answers carry the leader term.
+/// 3: `CapEvents` polls and answers carry the leader term; chunk requests carry a
+/// client's write deadline.
 pub const PROTOCOL_VERSION: u8 = 3;
 
 /// Every request, by service.

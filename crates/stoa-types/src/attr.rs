@@ -20,6 +20,11 @@ impl Timestamp {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
     }
+
+    /// Milliseconds since the Unix epoch (0 for times before it).
+    pub fn as_millis(self) -> u64 {
+        u64::try_from(self.secs).map_or(0, |s| s * 1000 + u64::from(self.nanos / 1_000_000))
+    }
 }
 
 /// What kind of object an inode is.

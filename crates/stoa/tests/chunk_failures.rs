@@ -60,7 +60,12 @@ fn chunk_call(
     op: ChunkOp,
     payload: &[u8],
 ) -> Result<Bytes, FsError> {
-    let req = Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+    let req = Request::Chunk(ChunkRequest {
+        chain: chain.id,
+        chain_version: chain.version,
+        op,
+        deadline_ms: 0,
+    });
     let pool = Pool::new();
     let call = pool.call(addr, &req, Bytes::copy_from_slice(payload), Duration::from_secs(5));
     match runtime().block_on(call)? {

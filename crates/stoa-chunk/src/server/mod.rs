@@ -178,8 +178,12 @@ impl Server {
         op: ChunkOp,
         payload: Bytes,
     ) -> Result<(ChunkResponse, Bytes), FsError> {
-        let req =
-            Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+        let req = Request::Chunk(ChunkRequest {
+            chain: chain.id,
+            chain_version: chain.version,
+            op,
+            deadline_ms: 0,
+        });
         match self.pool.call(addr, &req, payload, PEER_CALL_TIMEOUT).await? {
             (Response::Chunk(resp), payload) => Ok((resp, payload)),
             (other, _) => Err(FsError::Protocol(format!("chunk server {addr} answered {other:?}"))),
@@ -284,13 +288,12 @@ impl Server {
                 Ok((ChunkResponse::Data, Bytes::from(self.checked(chunk, data)?)))
             }
             op @ (ChunkOp::Write { chunk, .. } | ChunkOp::WriteRanges { chunk, .. }) => {
-                let version = self.mutate(&chain, chunk, op, payload).await?;
+                let version = self.mutate(&chain, chunk, op, payload, req.deadline_ms).await?;
                 Ok((ChunkResponse::Written { version }, none))
             }
             ChunkOp::Truncate { chunk, len, version } => {
-                let version = self
-                    .mutate(&chain, chunk, ChunkOp::Truncate { chunk, len, version }, payload)
-                    .await?;
+                let op = ChunkOp::Truncate { chunk, len, version };
+                let version = self.mutate(&chain, chunk, op, payload, req.deadline_ms).await?;
                 Ok((ChunkResponse::Written { version }, none))
             }
             ChunkOp::Sync { chunks } => {

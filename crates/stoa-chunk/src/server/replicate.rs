@@ -13,20 +13,30 @@ use super::Server;
 use bytes::Bytes;
 use std::sync::Arc;
 use stoa_proto::ChunkOp;
-use stoa_types::{Chain, ChunkId, FsError};
+use stoa_types::{Chain, ChunkId, FsError, Timestamp};
 
 impl Server {
     /// Applies a write or truncate here and passes it down the chain; returns the chunk's
     /// version. At the head (`version: None`) the version is assigned here, under the
-    /// chunk's ordering lock, which is held until the whole chain has answered.
+    /// chunk's ordering lock, which is held until the whole chain has answered; a client's
+    /// mutation taken after its `deadline_ms` is refused there (see `ChunkRequest`).
     pub(super) async fn mutate(
         self: &Arc<Self>,
         chain: &Chain,
         chunk: ChunkId,
         op: ChunkOp,
         payload: Bytes,
+        deadline_ms: u64,
     ) -> Result<u64, FsError> {
         let _order = self.order.lock(chunk).await;
+        let now_ms = Timestamp::now().as_millis();
+        if deadline_ms != 0 && now_ms > deadline_ms {
+            tracing::warn!(
+                "refusing a write to {chunk}: it came {} ms after its client's lease ended",
+                now_ms - deadline_ms
+            );
+            return Err(FsError::SessionExpired);
+        }
         let local_op = op.clone();
         let data = payload.clone();
         let reserve = self.reserve_for(&local_op);

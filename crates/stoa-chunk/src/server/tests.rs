@@ -13,7 +13,7 @@ use stoa_proto::{
     ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaResponse, Reply, Request, Response,
 };
 use stoa_types::{
-    Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, FsError, InodeId, NodeId,
+    Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, FsError, InodeId, NodeId, Timestamp,
 };
 
 const CLUSTER: ClusterId = ClusterId(0x5707);
@@ -186,8 +186,19 @@ impl Cluster {
         op: ChunkOp,
         payload: &[u8],
     ) -> Result<(ChunkResponse, Bytes), FsError> {
-        let req =
-            Request::Chunk(ChunkRequest { chain: chain.id, chain_version: chain.version, op });
+        self.call_until(i, chain, op, payload, 0).await
+    }
+
+    async fn call_until(
+        &self,
+        i: usize,
+        chain: &Chain,
+        op: ChunkOp,
+        payload: &[u8],
+        deadline_ms: u64,
+    ) -> Result<(ChunkResponse, Bytes), FsError> {
+        let (chain, chain_version) = (chain.id, chain.version);
+        let req = Request::Chunk(ChunkRequest { chain, chain_version, op, deadline_ms });
         let (resp, payload) = self
             .pool
             .call(
@@ -364,6 +375,26 @@ async fn many_ranges_of_a_chunk_replicate_as_one_version() {
         let err = c.call(0, &chain, bad, b"abc").await;
         assert!(matches!(err, Err(FsError::Invalid(_))), "{err:?}");
         assert_eq!(c.server(0).server.engine.version(chunk(0)).unwrap(), 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_write_past_its_deadline_is_refused_and_changes_nothing() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let now = Timestamp::now().as_millis();
+        let write = || ChunkOp::Write { chunk: chunk(0), offset: 0, version: None };
+        c.call_until(0, &chain, write(), b"fresh", now + 60_000).await.unwrap();
+        let late = c.call_until(0, &chain, write(), b"stale", now - 1).await;
+        assert_eq!(late.unwrap_err(), FsError::SessionExpired);
+        let cut = ChunkOp::Truncate { chunk: chunk(0), len: 1, version: None };
+        let late = c.call_until(0, &chain, cut, b"", now - 1).await;
+        assert_eq!(late.unwrap_err(), FsError::SessionExpired);
+        for i in 0..3 {
+            assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), &b"fresh"[..], "replica {i}");
+        }
     })
     .await;
 }
