@@ -558,7 +558,7 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
                             if !lapsed.is_empty() {
                                 tracing::warn!("no renewal for most of a lease: dropping every cap");
                             }
-                            forget(&sh, lapsed).await;
+                            forget_soon(&sh, lapsed);
                         }
                     }
                 }
@@ -566,14 +566,14 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
             match polled {
                 Ok(MetaResponse::CapEvents { recalls, term }) => {
                     sh.caps.learn_term(term);
-                    forget(&sh, sh.caps.renewed(sent, lease)).await;
+                    forget_soon(&sh, sh.caps.renewed(sent, lease));
                     for r in recalls {
                         tokio::spawn(recall(sh.clone(), r));
                     }
                 }
                 Ok(other) => tracing::warn!("{}", unexpected("CapEvents", &other)),
                 Err(FsError::SessionExpired) => {
-                    forget(&sh, sh.caps.drop_all()).await;
+                    forget_soon(&sh, sh.caps.drop_all());
                     if let Err(e) = sh.session.reopen(session).await {
                         tracing::warn!("reopening the meta session: {e}");
                     }
@@ -593,12 +593,29 @@ async fn forget(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
     if dropped.is_empty() {
         return;
     }
-    for (ino, _) in &dropped {
+    drop_file_caches(sh, &dropped);
+    invalidate_kernel(sh, dropped).await;
+}
+
+/// Like [`forget`], for the events stream: the kernel part runs in the background. The
+/// kernel makes an entry invalidation wait for the operations in flight in that
+/// directory, and those may wait for what only this stream brings (renewals, the news
+/// that the session expired), so the stream must not wait for it.
+fn forget_soon(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
+    if dropped.is_empty() {
+        return;
+    }
+    drop_file_caches(sh, &dropped);
+    let sh = sh.clone();
+    tokio::spawn(async move { invalidate_kernel(&sh, dropped).await });
+}
+
+fn drop_file_caches(sh: &Shared, dropped: &[(InodeId, Held)]) {
+    for (ino, _) in dropped {
         if let Some(file) = sh.open_file(*ino) {
             file.lock().drop_cap_cache();
         }
     }
-    invalidate_kernel(sh, dropped).await;
 }
 
 /// Tells the kernel to forget the inodes and the names given out under `dropped`.

@@ -66,16 +66,16 @@ impl Session {
     }
 
     /// Calls meta with `op`, giving it a new request id if it is a mutation. If meta
-    /// expired the session, a new one is opened and the call made again in it.
+    /// expired the session, a new one is opened for later calls, and this one fails
+    /// (EIO): it began while this client held state meta has given away, so it is not
+    /// made again as if nothing happened (fencing, docs/flows/caps.md invariant 13).
     pub async fn call(&self, op: MetaOp) -> Result<MetaResponse, FsError> {
         let session = self.id();
-        match self.call_in(session, op.clone()).await {
-            Err(FsError::SessionExpired) => {
-                self.replace(session).await?;
-                self.call_in(self.id(), op).await
-            }
-            other => other,
+        let answer = self.call_in(session, op).await;
+        if let Err(FsError::SessionExpired) = answer {
+            self.replace(session).await?;
         }
+        answer
     }
 
     /// Calls meta with `op` in `session` exactly, without opening a new session when it

@@ -211,9 +211,12 @@ async fn after_meta_expires_the_session_old_handles_fail_and_new_work_goes_on() 
     client.flush(old).await.unwrap();
     let first = client.session().session;
     cluster.state.lock().unwrap().expired.insert(first.0);
-    // The next meta call finds the session expired, opens a new one and succeeds.
-    let other = new_file(&client, b"g").await;
+    // The next meta call finds the session expired: it fails (it began in the expired
+    // session) and a new session is opened, in which the call after it succeeds.
+    let made = client.create(InodeId::ROOT, b"g", FileKind::File, 0o644, ROOT_OWNER, 0).await;
+    assert_eq!(made.unwrap_err().errno(), libc::EIO);
     assert_ne!(client.session().session, first);
+    let other = new_file(&client, b"g").await;
     let err = client.read(old, 0, 6).await.unwrap_err();
     assert_eq!(err.errno(), libc::EIO, "{err:?}");
     assert_eq!(client.write(old, 0, b"x").await.unwrap_err().errno(), libc::EIO);
