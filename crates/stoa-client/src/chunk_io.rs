@@ -125,7 +125,7 @@ impl ChunkIo {
         let mut worst: Option<FsError> = None;
         for i in 0..members.len() {
             let node = members[(start + i) % members.len()];
-            match self.call(&table, chain, node, op.clone(), Bytes::new()).await {
+            match self.call(&table, chain, node, op.clone(), Bytes::new(), 0).await {
                 Ok((ChunkResponse::Data, payload)) => return Ok(payload),
                 Ok((other, _)) => {
                     worst = Some(FsError::Protocol(format!("read answered {other:?}")));
@@ -159,26 +159,14 @@ impl ChunkIo {
                 let head = *chain.members.first().ok_or_else(|| {
                     FsError::Unavailable(format!("chain {} has no members", chain.id))
                 })?;
-                self.call_until(&table, chain, head, op, payload, deadline_ms)
-                    .await
-                    .map(|(resp, _)| resp)
+                self.call(&table, chain, head, op, payload, deadline_ms).await.map(|(resp, _)| resp)
             }
         })
         .await
     }
 
+    /// One attempt at one server; `deadline_ms` as in [`ChunkRequest`] (0 for reads).
     async fn call(
-        &self,
-        table: &ChainTable,
-        chain: &Chain,
-        node: stoa_types::NodeId,
-        op: ChunkOp,
-        payload: Bytes,
-    ) -> Result<(ChunkResponse, Bytes), FsError> {
-        self.call_until(table, chain, node, op, payload, 0).await
-    }
-
-    async fn call_until(
         &self,
         table: &ChainTable,
         chain: &Chain,
