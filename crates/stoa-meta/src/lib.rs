@@ -33,6 +33,7 @@ mod testing;
 mod txn;
 
 pub use kv::{KvRead, KvWrite, Rows, Table};
+pub use ops::batch::{BATCH_OPS_MAX, INODE_RESERVATION_MAX};
 pub use ops::chains::chunk_servers;
 pub use ops::cluster::FIRST_CHUNK_SERVER_ID;
 pub use ops::readdir::READDIR_LIMIT_MAX;

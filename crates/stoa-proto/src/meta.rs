@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use stoa_types::{
-    Attr, Chain, ChainId, ChainTable, ChunkId, ClusterId, DirEntry, FileKind, InodeId, NodeId,
-    RequestId, SessionId, SetAttr, StatFs,
+    Attr, Chain, ChainId, ChainTable, ChunkId, ClusterId, DirEntry, FileKind, FsError, InodeId,
+    NodeId, RequestId, SessionId, SetAttr, StatFs, Timestamp,
 };
 
 /// One request to meta. Every mutation carries the caller's session and a request id
@@ -240,6 +240,69 @@ pub enum MetaOp {
     CapsReleased {
         released: Vec<CapRef>,
     },
+    /// Reserves `count` inode numbers for the caller's session, for the files it creates
+    /// itself under an exclusive cap on their directory ([`MetaOp::Batch`]). A new
+    /// reservation replaces the last one. Answered with [`MetaResponse::Inodes`].
+    AllocInodes {
+        count: u32,
+    },
+    /// Asks the leader for an exclusive cap on directory `ino` and its whole listing, so
+    /// that the caller can answer lookups in it and make changes in it by itself (see
+    /// docs/flows/caps.md, namespace changes). Granted only when no other session holds
+    /// a cap on the directory and it has at most `limit` entries; never recalls anyone.
+    /// Answered with [`MetaResponse::Dir`].
+    TakeDir {
+        ino: InodeId,
+        limit: u32,
+    },
+    /// Namespace changes the caller made under exclusive caps on their directories,
+    /// applied in order in one log entry. Each one succeeds or fails alone. Answered
+    /// with [`MetaResponse::Batch`].
+    Batch {
+        ops: Vec<BatchOp>,
+    },
+}
+
+/// One namespace change of a [`MetaOp::Batch`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchOp {
+    /// A new inode `ino` (from the session's reservation, taken in increasing order)
+    /// named `name` in `parent`. `target` is a symlink's target (empty otherwise);
+    /// `open` records that the session has the new file open, as `CreateOpen` does.
+    /// `at` is when the client made it, the time its attributes show.
+    Create {
+        ino: InodeId,
+        parent: InodeId,
+        name: Vec<u8>,
+        kind: FileKind,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+        target: Vec<u8>,
+        open: bool,
+        at: Timestamp,
+    },
+    /// Removes `name` from `parent`: an `Rmdir` when `dir`, else an `Unlink`.
+    Remove {
+        parent: InodeId,
+        name: Vec<u8>,
+        dir: bool,
+        at: Timestamp,
+    },
+    /// The session closed its last handle of `ino`, as [`MetaOp::Release`].
+    Release {
+        ino: InodeId,
+    },
+}
+
+/// A directory taken by [`MetaOp::TakeDir`]: its attributes, the grant's sequence
+/// number, and every entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirGrant {
+    pub attr: Attr,
+    pub seq: u64,
+    pub entries: Vec<DirEntry>,
 }
 
 /// What a capability lets its holder cache (docs/flows/caps.md).
@@ -338,6 +401,7 @@ impl MetaOp {
                 | MetaOp::GetCaps { .. }
                 | MetaOp::CapEvents { .. }
                 | MetaOp::CapsReleased { .. }
+                | MetaOp::TakeDir { .. }
         )
     }
 }
@@ -403,6 +467,16 @@ pub enum MetaResponse {
         recalls: Vec<CapRef>,
         term: u64,
     },
+    /// The inode numbers `first..first + count`, reserved for the session.
+    Inodes {
+        first: InodeId,
+        count: u32,
+    },
+    /// The directory, or `None` when it cannot be taken now (another session holds a
+    /// cap on it, or it has too many entries).
+    Dir(Option<DirGrant>),
+    /// The outcome of each operation of a batch, in order.
+    Batch(Vec<Result<(), FsError>>),
 }
 
 /// One meta replica as the cluster sees it.

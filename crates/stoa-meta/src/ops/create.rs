@@ -31,8 +31,8 @@ pub(crate) fn create(
     if matches!(new.kind, FileKind::Dir | FileKind::Symlink) {
         return Err(FsError::Invalid(format!("create cannot make a {:?}", new.kind)));
     }
-    let rec = add_inode(kv, parent, name, new, 0, now)?;
-    Ok(MetaResponse::Attr(rec.attr))
+    let ino = next_ino(kv)?;
+    make(kv, ino, Place { parent, name }, new, &[], now)
 }
 
 /// Creates a regular file and records that `session` has it open: `open(O_CREAT)` of a
@@ -45,9 +45,10 @@ pub(crate) fn create_open(
     new: NewNode,
     now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
-    let rec = add_inode(kv, parent, name, new, 0, now)?;
-    super::session::open_file(kv, session, rec.attr.ino)?;
-    Ok(MetaResponse::Attr(rec.attr))
+    let ino = next_ino(kv)?;
+    let answer = make(kv, ino, Place { parent, name }, new, &[], now)?;
+    super::session::open_file(kv, session, ino)?;
+    Ok(answer)
 }
 
 pub(crate) fn mkdir(
@@ -58,8 +59,8 @@ pub(crate) fn mkdir(
     now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
     let new = NewNode { kind: FileKind::Dir, rdev: 0, ..new };
-    let rec = add_inode(kv, parent, name, new, 0, now)?;
-    Ok(MetaResponse::Attr(rec.attr))
+    let ino = next_ino(kv)?;
+    make(kv, ino, Place { parent, name }, new, &[], now)
 }
 
 pub(crate) fn symlink(
@@ -70,24 +71,56 @@ pub(crate) fn symlink(
     new: NewNode,
     now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
-    if target.is_empty() {
-        // As on Linux: an empty target names nothing.
-        return Err(FsError::NotFound);
-    }
-    if target.len() > PATH_LEN_MAX {
-        return Err(FsError::NameTooLong);
-    }
     let new = NewNode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, ..new };
-    let rec = add_inode(kv, parent, name, new, target.len() as u64, now)?;
-    store::put(kv, Table::Symlinks, &ino_key(rec.attr.ino), &target.to_vec())?;
+    let ino = next_ino(kv)?;
+    make(kv, ino, Place { parent, name }, new, target, now)
+}
+
+/// Where a new inode is linked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place<'a> {
+    pub parent: InodeId,
+    pub name: &'a [u8],
+}
+
+/// The next inode number nobody was given.
+fn next_ino(kv: &mut impl KvWrite) -> Result<InodeId, FsError> {
+    Ok(InodeId(take_next(kv, Counter::NextInode)?))
+}
+
+/// Makes inode `ino` of `new.kind` (a symlink to `target`) and links it at `at`.
+pub(crate) fn make(
+    kv: &mut impl KvWrite,
+    ino: InodeId,
+    at: Place<'_>,
+    new: NewNode,
+    target: &[u8],
+    now: Timestamp,
+) -> Result<MetaResponse, FsError> {
+    let size = if new.kind == FileKind::Symlink {
+        if target.is_empty() {
+            // As on Linux: an empty target names nothing.
+            return Err(FsError::NotFound);
+        }
+        if target.len() > PATH_LEN_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        target.len() as u64
+    } else {
+        0
+    };
+    let rec = add_inode(kv, ino, at, new, size, now)?;
+    if new.kind == FileKind::Symlink {
+        store::put(kv, Table::Symlinks, &ino_key(ino), &target.to_vec())?;
+    }
     Ok(MetaResponse::Attr(rec.attr))
 }
 
-/// Allocates an inode of `new.kind` and `size` bytes and links it as `parent/name`.
+/// Makes inode `ino` of `new.kind` and `size` bytes and links it at `at`.
 fn add_inode(
     kv: &mut impl KvWrite,
-    parent: InodeId,
-    name: &[u8],
+    ino: InodeId,
+    Place { parent, name }: Place<'_>,
     new: NewNode,
     size: u64,
     now: Timestamp,
@@ -98,7 +131,6 @@ fn add_inode(
         return Err(FsError::Exists);
     }
     let is_dir = new.kind == FileKind::Dir;
-    let ino = InodeId(take_next(kv, Counter::NextInode)?);
     let attr = Attr {
         ino,
         kind: new.kind,

@@ -4,6 +4,7 @@
 //! Every operation here runs inside a [`Txn`](crate::txn::Txn), so it may write as it
 //! goes and return an error half way: the caller drops its writes.
 
+pub(crate) mod batch;
 pub(crate) mod chains;
 pub(crate) mod cluster;
 pub(crate) mod create;
@@ -81,6 +82,8 @@ pub(crate) fn mutate(
         MetaOp::RemoveXattr { ino, name } => xattr::remove(kv, *ino, name, now),
         MetaOp::OpenSession { client } => session::open(kv, client, now),
         MetaOp::SetLock { ino, lock } => locks::set(kv, *ino, lock),
+        MetaOp::AllocInodes { count } => batch::alloc_inodes(kv, session, *count),
+        MetaOp::Batch { ops } => batch::batch(kv, session, ops),
         MetaOp::RegisterChunkServer { node, cluster, addr, zone, capacity_bytes, used_bytes } => {
             let reg = chains::Registration {
                 node: *node,

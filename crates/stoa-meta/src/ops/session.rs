@@ -82,6 +82,7 @@ pub(crate) fn end(kv: &mut impl KvWrite, session: SessionId) -> Result<MetaRespo
     kv.delete(Table::Sessions, &session_key(session))?;
     delete_prefix(kv, Table::Dedup, &session_key(session))?;
     super::locks::release_session(kv, session)?;
+    super::batch::forget(kv, session)?;
     Ok(MetaResponse::Done)
 }
 
