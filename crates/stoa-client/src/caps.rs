@@ -23,8 +23,8 @@ use crate::session::unexpected;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use stoa_proto::{cap_seq_term, CapMode, CapRef, HeldCap, MetaOp, MetaResponse};
-use stoa_types::{Attr, FsError, InodeId, SessionId, Timestamp};
+use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
+use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 /// The longest TTL handed to the kernel under a cap. Shorter when the cap's validity
@@ -54,6 +54,9 @@ struct Held {
     attr: Option<Attr>,
     /// Names looked up in this directory under the cap, and their inodes.
     names: HashMap<Vec<u8>, InodeId>,
+    /// Every entry of this directory, under an exclusive cap taken with its listing
+    /// (`dirops`): lookups are answered from it and changes are made in it.
+    listing: Option<HashMap<Vec<u8>, InodeId>>,
 }
 
 /// An inode being recalled: operations on it run uncapped and are counted.
@@ -170,12 +173,13 @@ impl Caps {
     }
 
     /// Forgets what this client's own change made stale: the attributes of `inodes`
-    /// and the names `names`.
+    /// (and the listings of those that are directories) and the names `names`.
     pub fn forget(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
         let mut t = self.lock();
         for ino in inodes {
             if let Some(h) = t.held.get_mut(ino) {
                 h.attr = None;
+                h.listing = None;
             }
         }
         for (parent, name) in names {
@@ -207,6 +211,108 @@ impl Caps {
         }
     }
 
+    /// What the listing of `parent` says of `name`: `None` without a usable exclusive
+    /// cap taken with the listing; else the inode the name leads to, if any.
+    pub fn listed(&self, parent: InodeId, name: &[u8]) -> Option<Option<InodeId>> {
+        let t = self.lock();
+        Caps::remaining(&t)?;
+        let h = t.held.get(&parent).filter(|h| h.mode == CapMode::Exclusive)?;
+        Some(h.listing.as_ref()?.get(name).copied())
+    }
+
+    /// Whether this client holds the exclusive cap on `ino` with its attributes: it alone
+    /// caches the inode, and knows it whole.
+    pub fn owns(&self, ino: InodeId) -> Option<Attr> {
+        let t = self.lock();
+        Caps::remaining(&t)?;
+        let h = t.held.get(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
+        h.attr.clone()
+    }
+
+    /// How many entries the listing of directory `ino` has, if this client holds it.
+    pub fn listing_len(&self, ino: InodeId) -> Option<usize> {
+        let t = self.lock();
+        Caps::remaining(&t)?;
+        t.held.get(&ino)?.listing.as_ref().map(HashMap::len)
+    }
+
+    /// Stores an exclusive directory cap with its listing, unless a recall named it.
+    pub fn store_dir(&self, grant: &DirGrant) -> bool {
+        let mut t = self.lock();
+        let ino = grant.attr.ino;
+        if cap_seq_term(grant.seq) < t.term || t.recalled.get(&ino).is_some_and(|&r| r >= grant.seq)
+        {
+            return false;
+        }
+        let listing = grant.entries.iter().map(|e| (e.name.clone(), e.ino)).collect();
+        let h = t.held.entry(ino).or_insert_with(empty_held);
+        h.mode = CapMode::Exclusive;
+        h.seq = h.seq.max(grant.seq);
+        keep_newest(&mut h.attr, &grant.attr);
+        h.listing = Some(listing);
+        true
+    }
+
+    /// Records a change this client made itself in directory `parent`, which it holds
+    /// with its listing: `name` now leads to `child` (a new inode, held exclusively,
+    /// whose name the kernel is given), or to nothing. Returns the caps generation the
+    /// change was made under, or `None` (nothing recorded) when the cap is no longer
+    /// usable or the listing is gone.
+    pub fn record_change(&self, parent: InodeId, name: &[u8], change: Change) -> Option<u64> {
+        let mut t = self.lock();
+        Caps::remaining(&t)?;
+        let generation = t.generation;
+        let h = t.held.get_mut(&parent).filter(|h| h.mode == CapMode::Exclusive)?;
+        let listing = h.listing.as_mut()?;
+        let (at, subdirs) = match &change {
+            Change::Created(attr) => {
+                listing.insert(name.to_vec(), attr.ino);
+                h.names.insert(name.to_vec(), attr.ino);
+                (attr.ctime, i32::from(attr.kind == FileKind::Dir))
+            }
+            Change::Removed { at, dir, .. } => {
+                listing.remove(name);
+                (*at, -i32::from(*dir))
+            }
+        };
+        if let Some(attr) = &mut h.attr {
+            attr.nlink = attr.nlink.saturating_add_signed(subdirs);
+            attr.mtime = at;
+            attr.ctime = at;
+            attr.version += 1;
+        }
+        match change {
+            Change::Created(attr) => {
+                let (ino, listing) = (attr.ino, (attr.kind == FileKind::Dir).then(HashMap::new));
+                let held =
+                    Held { mode: CapMode::Exclusive, attr: Some(attr), listing, ..empty_held() };
+                t.held.insert(ino, held);
+            }
+            Change::Removed { child, at, keep, .. } => match keep {
+                true => {
+                    if let Some(attr) = t.held.get_mut(&child).and_then(|h| h.attr.as_mut()) {
+                        attr.nlink = attr.nlink.saturating_sub(1);
+                        attr.ctime = at;
+                        attr.version += 1;
+                    }
+                }
+                false => {
+                    t.held.remove(&child);
+                }
+            },
+        }
+        Some(generation)
+    }
+
+    /// Drops the listing of `dir`: a change made in it was refused by meta, so the
+    /// listing may be wrong; the next change there takes it again.
+    pub fn drop_listing(&self, dir: InodeId) {
+        if let Some(h) = self.lock().held.get_mut(&dir) {
+            h.listing = None;
+            h.attr = None;
+        }
+    }
+
     fn gate(&self, ino: InodeId) -> Arc<RwLock<()>> {
         self.lock().gates.entry(ino).or_default().clone()
     }
@@ -224,6 +330,7 @@ impl Caps {
                 seq: grant.seq,
                 attr: None,
                 names: HashMap::new(),
+                listing: None,
             });
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
@@ -237,6 +344,7 @@ impl Caps {
                     seq: grant.dir_seq,
                     attr: None,
                     names: HashMap::new(),
+                    listing: None,
                 });
                 h.seq = h.seq.max(grant.dir_seq);
                 h.names.insert(name.to_vec(), grant.attr.ino);
@@ -357,6 +465,14 @@ impl Caps {
     }
 }
 
+/// A change of a directory's entries that this client made itself.
+pub(crate) enum Change {
+    /// A new inode, with the attributes this client gave it.
+    Created(Attr),
+    /// `child` lost its name; `keep` keeps its cap (this client still has it open).
+    Removed { child: InodeId, dir: bool, at: Timestamp, keep: bool },
+}
+
 /// Keeps the caps of some inodes from being recalled until the kernel has the answer
 /// given under them: a recall invalidates the kernel only after it is dropped, so the
 /// kernel never caches an answer after the invalidation that should have removed it.
@@ -421,7 +537,7 @@ impl Client {
             MetaResponse::Caps { attr, mode, seq, dir_seq } => Grant { attr, mode, seq, dir_seq },
             other => return Err(unexpected("GetCaps", &other)),
         };
-        forget(&self.sh, self.sh.caps.renewed(sent, lease)).await;
+        self.renewed(sent).await;
         let stored = self.sh.caps.store(&grant, name.map(|n| (ino, n)));
         if stored {
             if let Some(file) = self.sh.open_file(grant.attr.ino) {
@@ -429,6 +545,13 @@ impl Client {
             }
         }
         Ok((grant.attr, stored))
+    }
+
+    /// The leader renewed the session with a call sent at `sent` (a grant): the caps
+    /// stay usable longer, once those that lapsed before are dropped.
+    pub(crate) async fn renewed(&self, sent: Instant) {
+        let lease = Duration::from_millis(self.session().lease_ms);
+        forget(&self.sh, self.sh.caps.renewed(sent, lease)).await;
     }
 
     /// After this client renamed an entry the kernel cached to `to`: the kernel moved
@@ -483,6 +606,19 @@ impl Client {
         parent: InodeId,
         name: &[u8],
     ) -> Result<(Attr, Duration, Pinned), FsError> {
+        // In a directory this client holds with its listing, the listing answers.
+        if let Some(listed) = self.sh.caps.listed(parent, name) {
+            let Some(child) = listed else { return Err(FsError::NotFound) };
+            let pin = self.pin(&[parent, child]).await;
+            if self.sh.caps.listed(parent, name) == Some(Some(child)) {
+                if let Some((attr, ttl)) = self.sh.caps.cached_attr(child) {
+                    if self.sh.caps.note_name(parent, name, child) {
+                        let ttl = ttl.min(self.sh.caps.ttl(parent));
+                        return Ok((self.adjust(attr), ttl, pin));
+                    }
+                }
+            }
+        }
         let cached = |c: &Client| {
             let ino = c.sh.caps.cached_name(parent, name)?;
             let (attr, ttl) = c.sh.caps.cached_attr(ino)?;
@@ -643,6 +779,9 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
     let dropped = {
         let _alone = gate.write().await;
         let dropped = sh.caps.begin_recall(r);
+        // Changes this client made itself under the cap (creates in a directory it held)
+        // reach meta before the ack lets anyone else look.
+        sh.session.backlog.wait_all().await;
         if dropped.is_some() {
             if let Some(file) = sh.open_file(r.ino) {
                 if let Err(e) = file.flush_unowned(&sh).await {
@@ -677,7 +816,7 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
 }
 
 fn empty_held() -> Held {
-    Held { mode: CapMode::Shared, seq: 0, attr: None, names: HashMap::new() }
+    Held { mode: CapMode::Shared, seq: 0, attr: None, names: HashMap::new(), listing: None }
 }
 
 /// Tells the leader the cap is gone. A lost ack costs the recaller a lease at most.

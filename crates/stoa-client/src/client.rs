@@ -3,6 +3,7 @@
 use crate::caps::{spawn_events, Access, Caps};
 use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
+use crate::dirops::{DirOps, NewInode};
 use crate::file::{ErrorCursor, FileState};
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_net::Pool;
 use stoa_proto::{CapMode, MetaOp};
-use stoa_types::{validate_name, Attr, FsError, InodeId, SessionId};
+use stoa_types::{validate_name, Attr, FileKind, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
 
 /// Where the cluster is and what this client calls itself.
@@ -61,6 +62,8 @@ pub(crate) struct Shared {
     events: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Held while an `O_APPEND` write picks its offset and buffers its data.
     appending: tokio::sync::Mutex<()>,
+    /// Namespace changes this client makes by itself and queues for meta.
+    pub dirops: DirOps,
 }
 
 impl Drop for Shared {
@@ -108,6 +111,7 @@ impl Client {
             caps: Caps::new(),
             events: Mutex::new(None),
             appending: tokio::sync::Mutex::new(()),
+            dirops: DirOps::default(),
         };
         let sh = Arc::new(sh);
         *sh.events.lock().expect("events lock poisoned") = Some(spawn_events(&sh));
@@ -149,16 +153,22 @@ impl Client {
         owner: Owner,
     ) -> Result<(Attr, FileHandle), FsError> {
         validate_name(name)?;
-        let op = MetaOp::CreateOpen {
-            parent,
-            name: name.to_vec(),
-            perm,
-            uid: owner.uid,
-            gid: owner.gid,
+        let new = NewInode { kind: FileKind::File, perm, owner, rdev: 0, target: &[], open: true };
+        let attr = match self.create_here(parent, name, new).await {
+            Some(attr) => attr?,
+            None => {
+                let op = MetaOp::CreateOpen {
+                    parent,
+                    name: name.to_vec(),
+                    perm,
+                    uid: owner.uid,
+                    gid: owner.gid,
+                };
+                let attr = self.sh.session.call_attr(op).await;
+                self.sh.caps.forget(&[parent], &[]);
+                attr?
+            }
         };
-        let attr = self.sh.session.call_attr(op).await;
-        self.sh.caps.forget(&[parent], &[]);
-        let attr = attr?;
         let file = self.sh.file(attr.ino);
         let session = {
             let mut meta_open = file.meta_open.lock().await;
@@ -245,9 +255,18 @@ impl Client {
         {
             let mut meta_open = file.meta_open.lock().await;
             if let Some((session, 0)) = *meta_open {
-                match self.sh.session.call_in(session, MetaOp::Release { ino: file.ino }).await {
-                    Ok(_) | Err(FsError::SessionExpired) => {}
-                    Err(e) => tracing::warn!("releasing inode {} at meta failed: {e}", file.ino),
+                if session == self.sh.session.id() {
+                    // In order with this client's queued namespace changes (a create of
+                    // this file may still be on its way), and batched with them.
+                    self.release_queued(file.ino).await;
+                } else {
+                    match self.sh.session.call_in(session, MetaOp::Release { ino: file.ino }).await
+                    {
+                        Ok(_) | Err(FsError::SessionExpired) => {}
+                        Err(e) => {
+                            tracing::warn!("releasing inode {} at meta failed: {e}", file.ino)
+                        }
+                    }
                 }
                 *meta_open = None;
             }
@@ -325,6 +344,8 @@ impl Client {
     /// Flushes, then makes the file's data durable on every replica.
     pub async fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
+        // The file's create (and every other change made before) is on meta first.
+        self.sync_namespace().await;
         handle.file.fsync(&self.sh, &handle.errors).await?;
         self.check_session(&handle)
     }
@@ -341,6 +362,7 @@ impl Client {
 
     /// Flushes every file with buffered writes; returns the first error.
     pub async fn flush_all(&self) -> Result<(), FsError> {
+        self.sync_namespace().await;
         let files: Vec<Arc<FileState>> =
             self.sh.files.lock().expect("files lock poisoned").values().cloned().collect();
         let mut first = Ok(());

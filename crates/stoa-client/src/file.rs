@@ -104,7 +104,7 @@ impl FileInner {
     }
 
     /// Records a write-behind (or commit) failure for every handle to see.
-    fn fail(&mut self, e: FsError) {
+    pub(crate) fn fail(&mut self, e: FsError) {
         self.error = Some(e);
         self.error_seq += 1;
     }

@@ -25,6 +25,7 @@ mod caps;
 mod chains;
 mod chunk_io;
 mod client;
+mod dirops;
 mod file;
 mod locks;
 mod namespace;

@@ -2,6 +2,7 @@
 //! adds (sizes of files it is writing, the open flag of unlink, truncating chunk data).
 
 use crate::client::Client;
+use crate::dirops::NewInode;
 use crate::session::unexpected;
 use stoa_proto::{CapMode, MetaOp, MetaResponse};
 use stoa_types::{validate_name, Attr, DirEntry, FileKind, FsError, InodeId, SetAttr, StatFs};
@@ -66,6 +67,12 @@ impl Client {
         rdev: u32,
     ) -> Result<Attr, FsError> {
         validate_name(name)?;
+        let new = NewInode { kind, perm, owner, rdev, target: &[], open: false };
+        if kind != FileKind::Dir {
+            if let Some(made) = self.create_here(parent, name, new).await {
+                return made;
+            }
+        }
         let op = MetaOp::Create {
             parent,
             name: name.to_vec(),
@@ -88,6 +95,10 @@ impl Client {
         owner: Owner,
     ) -> Result<Attr, FsError> {
         validate_name(name)?;
+        let new = NewInode { kind: FileKind::Dir, perm, owner, rdev: 0, target: &[], open: false };
+        if let Some(made) = self.create_here(parent, name, new).await {
+            return made;
+        }
         let op =
             MetaOp::Mkdir { parent, name: name.to_vec(), perm, uid: owner.uid, gid: owner.gid };
         let attr = self.sh.session.call_attr(op).await;
@@ -105,6 +116,11 @@ impl Client {
         validate_name(name)?;
         if target.is_empty() || target.len() > stoa_types::PATH_LEN_MAX {
             return Err(FsError::Invalid("bad symlink target length".into()));
+        }
+        let new =
+            NewInode { kind: FileKind::Symlink, perm: 0o777, owner, rdev: 0, target, open: false };
+        if let Some(made) = self.create_here(parent, name, new).await {
+            return made;
         }
         let op = MetaOp::Symlink {
             parent,
@@ -128,6 +144,9 @@ impl Client {
     /// Removes a name. Meta knows who has the file open (every client tells it), so a
     /// file someone still has open stays as an orphan until its last release anywhere.
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        if let Some(removed) = self.remove_here(parent, name, false).await {
+            return removed;
+        }
         let op = MetaOp::Unlink { parent, name: name.to_vec(), open: false };
         let done = self.sh.session.call_done(op).await;
         self.forget_names(&[parent], &[(parent, name)]);
@@ -135,6 +154,9 @@ impl Client {
     }
 
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        if let Some(removed) = self.remove_here(parent, name, true).await {
+            return removed;
+        }
         let done = self.sh.session.call_done(MetaOp::Rmdir { parent, name: name.to_vec() }).await;
         self.forget_names(&[parent], &[(parent, name)]);
         done
@@ -210,6 +232,9 @@ impl Client {
         after: &[u8],
         limit: u32,
     ) -> Result<(Vec<DirEntry>, bool), FsError> {
+        // Another client holding the directory exclusively may have changed it without
+        // meta knowing yet: its cap is recalled (and its changes sent) first.
+        let _access = self.access(ino, CapMode::Shared).await?;
         let op = MetaOp::ReadDir { ino, after: after.to_vec(), limit };
         match self.sh.session.call(op).await? {
             MetaResponse::Entries { entries, more } => Ok((entries, more)),

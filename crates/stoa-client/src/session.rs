@@ -21,6 +21,10 @@ use stoa_types::{Attr, FsError, RequestId, SessionId};
 const META_DEADLINE: Duration = Duration::from_secs(30);
 
 pub(crate) struct Session {
+    /// Namespace changes this client answered itself and queued for meta (`dirops`):
+    /// every other call waits until meta has those queued before it, so meta sees this
+    /// client's operations in the order the client made them.
+    pub backlog: Backlog,
     meta: MetaClient,
     name: String,
     grant: RwLock<SessionGrant>,
@@ -43,6 +47,7 @@ impl Session {
         let meta = MetaClient::new(pool, meta, META_DEADLINE);
         let grant = open_grant(&meta, &name).await?;
         let session = Session {
+            backlog: Backlog::default(),
             meta,
             name,
             grant: RwLock::new(grant),
@@ -81,6 +86,7 @@ impl Session {
     /// Calls meta with `op` in `session` exactly, without opening a new session when it
     /// expired: for what belongs to that session (releasing its open files).
     pub async fn call_in(&self, session: SessionId, op: MetaOp) -> Result<MetaResponse, FsError> {
+        self.after_backlog(&op).await;
         let req_id = if op.is_mutation() {
             RequestId(self.next_req.fetch_add(1, Ordering::Relaxed))
         } else {
@@ -97,8 +103,27 @@ impl Session {
         op: MetaOp,
         timeout: Duration,
     ) -> Result<MetaResponse, FsError> {
+        self.after_backlog(&op).await;
         let req = MetaRequest { session: self.id(), req_id: RequestId(0), op };
         self.meta.call_leader(req, timeout).await.map_err(final_error)
+    }
+
+    /// Waits until meta has answered every namespace change queued before `op`, unless
+    /// `op` is one of the calls that must never wait for them: the batch that carries
+    /// them, the inode reservation they need, and the events stream, acks and renewals,
+    /// which recalls and leases depend on.
+    async fn after_backlog(&self, op: &MetaOp) {
+        let independent = matches!(
+            op,
+            MetaOp::Batch { .. }
+                | MetaOp::AllocInodes { .. }
+                | MetaOp::CapEvents { .. }
+                | MetaOp::CapsReleased { .. }
+                | MetaOp::RenewSession
+        );
+        if !independent {
+            self.backlog.wait_all().await;
+        }
     }
 
     /// Opens a new session in place of `expired` if meta expired it.
@@ -154,6 +179,45 @@ impl Session {
     /// Calls meta with an operation that answers with nothing worth keeping.
     pub async fn call_done(&self, op: MetaOp) -> Result<(), FsError> {
         self.call(op).await.map(|_| ())
+    }
+}
+
+/// Counts queued namespace changes and those meta has answered (in order).
+#[derive(Default)]
+pub(crate) struct Backlog {
+    queued: AtomicU64,
+    done: AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl Backlog {
+    /// Counts one more queued change; returns its number.
+    pub fn queue(&self) -> u64 {
+        self.queued.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Every change up to number `upto` has its answer.
+    pub fn done(&self, upto: u64) {
+        self.done.fetch_max(upto, Ordering::AcqRel);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until change number `upto` has its answer.
+    pub async fn wait(&self, upto: u64) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.done.load(Ordering::Acquire) >= upto {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Waits until every change queued so far has its answer.
+    pub async fn wait_all(&self) {
+        self.wait(self.queued.load(Ordering::Acquire)).await;
     }
 }
 

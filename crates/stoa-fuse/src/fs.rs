@@ -107,11 +107,21 @@ pub(crate) fn fail(what: &str, e: &FsError) -> Errno {
     errno(e)
 }
 
-/// Answers with a new entry. The kernel may not cache it: this client holds no cap on
-/// a new inode yet, so its next lookup asks (and gets one).
-fn reply_entry(reply: ReplyEntry, what: &str, r: Result<Attr, FsError>) {
+/// Answers with a new entry. The kernel may cache it only when this client made it
+/// itself, under exclusive caps on the directory and the new inode (which a recall
+/// drops); otherwise its next lookup asks, and gets a cap.
+fn reply_entry(
+    c: &Client,
+    reply: ReplyEntry,
+    what: &str,
+    parent: INodeNo,
+    r: Result<Attr, FsError>,
+) {
     match r {
-        Ok(attr) => reply.entry(&Duration::ZERO, &file_attr(&attr), Generation(0)),
+        Ok(attr) => {
+            let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
+            reply.entry(&ttl, &file_attr(&attr), Generation(0))
+        }
         Err(e) => reply.error(fail(what, &e)),
     }
 }
@@ -250,7 +260,7 @@ impl Filesystem for StoaFs {
         let (name, owner) = (bytes(name), owner(req));
         self.spawn(|c| async move {
             let r = c.create(ino(parent), &name, kind, perm(mode, umask), owner, rdev).await;
-            reply_entry(reply, "mknod", r);
+            reply_entry(&c, reply, "mknod", parent, r);
         });
     }
 
@@ -266,7 +276,7 @@ impl Filesystem for StoaFs {
         let (name, owner) = (bytes(name), owner(req));
         self.spawn(|c| async move {
             let r = c.mkdir(ino(parent), &name, perm(mode, umask), owner).await;
-            reply_entry(reply, "mkdir", r);
+            reply_entry(&c, reply, "mkdir", parent, r);
         });
     }
 
@@ -294,7 +304,8 @@ impl Filesystem for StoaFs {
     ) {
         let (name, target, owner) = (bytes(link_name), bytes(target.as_os_str()), owner(req));
         self.spawn(|c| async move {
-            reply_entry(reply, "symlink", c.symlink(ino(parent), &name, &target, owner).await);
+            let r = c.symlink(ino(parent), &name, &target, owner).await;
+            reply_entry(&c, reply, "symlink", parent, r);
         });
     }
 
@@ -328,7 +339,11 @@ impl Filesystem for StoaFs {
     ) {
         let newname = bytes(newname);
         self.spawn(|c| async move {
-            reply_entry(reply, "link", c.link(ino(i), ino(newparent), &newname).await);
+            // Never cached: the new name is not recorded under the directory's cap.
+            match c.link(ino(i), ino(newparent), &newname).await {
+                Ok(attr) => reply.entry(&Duration::ZERO, &file_attr(&attr), Generation(0)),
+                Err(e) => reply.error(fail("link", &e)),
+            }
         });
     }
 
@@ -541,8 +556,12 @@ impl Filesystem for StoaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Namespace changes are durable on a meta majority when they return.
-        reply.ok();
+        // Namespace changes this client made by itself reach meta (a majority's disks)
+        // first; the others were there when they returned.
+        self.spawn(|c| async move {
+            c.sync_namespace().await;
+            reply.ok();
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -651,7 +670,8 @@ impl Filesystem for StoaFs {
                 Ok((attr, handle)) => {
                     let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
                     let open = open_flags(&c, attr.ino, flags);
-                    reply.created(&Duration::ZERO, &fa, Generation(0), h, open);
+                    let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
+                    reply.created(&ttl, &fa, Generation(0), h, open);
                 }
                 Err(e) => reply.error(fail("create", &e)),
             }

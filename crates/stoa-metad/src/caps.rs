@@ -23,8 +23,8 @@ use crate::service::Node;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use stoa_proto::{CapMode, CapRef, HeldCap, MetaOp, MetaResponse};
-use stoa_types::{FsError, InodeId, SessionId};
+use stoa_proto::{BatchOp, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
+use stoa_types::{DirEntry, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
 
 /// How long a poll of the events stream waits for a recall before it answers empty.
@@ -84,6 +84,9 @@ struct State {
     /// Calls waiting for acks (kept across terms: they belong to calls in flight).
     waits: Vec<Wait>,
     next_wait: u64,
+    /// Directories a mutation is changing now, with how many: none of them is taken
+    /// exclusively meanwhile (see [`CapTable::take_dir`]).
+    changing: HashMap<InodeId, u32>,
 }
 
 /// The leader's caps. Restarted with every term.
@@ -104,6 +107,7 @@ impl Default for CapTable {
             streams: HashMap::new(),
             waits: Vec::new(),
             next_wait: 0,
+            changing: HashMap::new(),
         };
         CapTable { state: Mutex::new(state), released: Notify::new() }
     }
@@ -118,6 +122,26 @@ struct WaitGuard<'a> {
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         self.table.lock().waits.retain(|w| w.id != self.id);
+    }
+}
+
+/// Directories a mutation is changing, marked until dropped.
+pub(crate) struct Changing<'a> {
+    table: &'a CapTable,
+    dirs: Vec<InodeId>,
+}
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        let mut s = self.table.lock();
+        for dir in &self.dirs {
+            if let Some(n) = s.changing.get_mut(dir) {
+                *n -= 1;
+                if *n == 0 {
+                    s.changing.remove(dir);
+                }
+            }
+        }
     }
 }
 
@@ -188,6 +212,45 @@ impl CapTable {
         let mode = holders.get(&session).map_or(mode, |h| h.mode.max(mode));
         holders.insert(session, Holder { mode, seq, granted_at: Instant::now() });
         Ok(seq)
+    }
+
+    /// Registers `Exclusive` on directory `ino` for `session` if no other session holds
+    /// a cap on it and no mutation is changing it; returns the grant's sequence number.
+    /// Never recalls: a directory others use is changed through meta, one call each.
+    fn take_dir(&self, session: SessionId, ino: InodeId) -> Option<u64> {
+        {
+            let s = self.lock();
+            if s.changing.contains_key(&ino)
+                || s.inodes.get(&ino).is_some_and(|h| h.keys().any(|o| *o != session))
+            {
+                return None;
+            }
+        }
+        self.try_register(session, ino, CapMode::Exclusive).ok()
+    }
+
+    /// Marks `dirs` as being changed by a mutation until the guard is dropped, so that
+    /// nobody takes them exclusively between the mutation's recalls and its apply.
+    pub fn changing(&self, dirs: &[InodeId]) -> Changing<'_> {
+        let mut s = self.lock();
+        for dir in dirs {
+            *s.changing.entry(*dir).or_insert(0) += 1;
+        }
+        Changing { table: self, dirs: dirs.to_vec() }
+    }
+
+    /// Records `session` as the exclusive holder of inodes it created itself (a batch):
+    /// its client caches them from the moment it made them, and nobody else can know
+    /// their numbers before the batch applies.
+    pub fn register_created(&self, session: SessionId, inodes: &[InodeId]) {
+        for &ino in inodes {
+            if let Err(others) = self.try_register(session, ino, CapMode::Exclusive) {
+                tracing::warn!(
+                    "session {session} created inode {ino}, which {} other session(s) hold                      caps on",
+                    others.len()
+                );
+            }
+        }
     }
 
     /// Every holder of `ino` other than `except`.
@@ -528,28 +591,65 @@ pub(crate) async fn get_caps(
     Ok(MetaResponse::Caps { attr, mode, seq, dir_seq })
 }
 
-/// The inodes whose cached state a mutation changes: their holders in other sessions are
-/// recalled before the mutation is answered. Names are resolved on this leader's state
-/// machine before the mutation applies (a replaced rename target is gone after it).
-pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Vec<InodeId>, FsError> {
+/// What a mutation changes: the inodes whose cached state it changes (their holders in
+/// other sessions are recalled before it is answered), and among them the directories
+/// whose entries it changes (their exclusive holders, who may have buffered changes of
+/// their own, are recalled before it applies).
+#[derive(Debug, Default)]
+pub(crate) struct Touched {
+    pub inodes: Vec<InodeId>,
+    pub dirs: Vec<InodeId>,
+}
+
+/// The directories whose entries `op` changes, as named by the op itself.
+pub(crate) fn parents(op: &MetaOp) -> Vec<InodeId> {
+    let mut dirs = match op {
+        MetaOp::Create { parent, .. }
+        | MetaOp::CreateOpen { parent, .. }
+        | MetaOp::Mkdir { parent, .. }
+        | MetaOp::Symlink { parent, .. }
+        | MetaOp::Unlink { parent, .. }
+        | MetaOp::Rmdir { parent, .. } => vec![*parent],
+        MetaOp::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
+        MetaOp::Link { new_parent, .. } => vec![*new_parent],
+        MetaOp::Batch { ops } => ops
+            .iter()
+            .filter_map(|op| match op {
+                BatchOp::Create { parent, .. } | BatchOp::Remove { parent, .. } => Some(*parent),
+                BatchOp::Release { .. } => None,
+            })
+            .collect(),
+        _ => vec![],
+    };
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// What `op` changes ([`Touched`]). Names are resolved on this leader's state machine
+/// before the mutation applies (a replaced rename target is gone after it).
+pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError> {
+    let mut dirs = parents(op);
     let (mut inodes, names) = match op {
         MetaOp::SetAttr { ino, .. }
         | MetaOp::SetXattr { ino, .. }
         | MetaOp::RemoveXattr { ino, .. }
         | MetaOp::CommitWrite { ino, .. }
         | MetaOp::Purge { ino } => (vec![*ino], vec![]),
-        MetaOp::Create { parent, .. }
-        | MetaOp::CreateOpen { parent, .. }
-        | MetaOp::Mkdir { parent, .. }
-        | MetaOp::Symlink { parent, .. } => (vec![*parent], vec![]),
         MetaOp::Unlink { parent, name, .. } | MetaOp::Rmdir { parent, name } => {
-            (vec![*parent], vec![(*parent, name.clone())])
+            (vec![], vec![(*parent, name.clone())])
         }
-        MetaOp::Rename { parent, name, new_parent, new_name, .. } => (
-            vec![*parent, *new_parent],
-            vec![(*parent, name.clone()), (*new_parent, new_name.clone())],
-        ),
-        MetaOp::Link { ino, new_parent, .. } => (vec![*ino, *new_parent], vec![]),
+        MetaOp::Rename { parent, name, new_parent, new_name, .. } => {
+            (vec![], vec![(*parent, name.clone()), (*new_parent, new_name.clone())])
+        }
+        MetaOp::Link { ino, .. } => (vec![*ino], vec![]),
+        MetaOp::Batch { ops } => {
+            let removed = ops.iter().filter_map(|op| match op {
+                BatchOp::Remove { parent, name, .. } => Some((*parent, name.clone())),
+                _ => None,
+            });
+            (vec![], removed.collect())
+        }
         _ => (vec![], vec![]),
     };
     if !names.is_empty() {
@@ -558,18 +658,103 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Vec<InodeId>, Fs
             .read(move |kv| {
                 let found = names.into_iter().filter_map(|(parent, name)| {
                     match stoa_meta::read(kv, &MetaOp::Lookup { parent, name }) {
-                        Ok(MetaResponse::Attr(attr)) => Some(attr.ino),
+                        Ok(MetaResponse::Attr(attr)) => Some(attr),
                         _ => None,
                     }
                 });
                 Ok(found.collect::<Vec<_>>())
             })
             .await?;
-        inodes.extend(children);
+        for child in children {
+            if child.kind == stoa_types::FileKind::Dir {
+                dirs.push(child.ino);
+            }
+            inodes.push(child.ino);
+        }
     }
-    inodes.sort();
-    inodes.dedup();
-    Ok(inodes)
+    inodes.extend_from_slice(&dirs);
+    for list in [&mut inodes, &mut dirs] {
+        list.sort();
+        list.dedup();
+    }
+    Ok(Touched { inodes, dirs })
+}
+
+/// Recalls other sessions' exclusive caps on `dirs` before `session` changes them, and
+/// waits for the acks: an exclusive holder of a directory may have made changes in it
+/// that meta has not applied yet (creates it answered itself), and they must apply
+/// first. Refused like a grant when the holder waits for this client: nothing changed
+/// yet.
+pub(crate) async fn recall_exclusive(
+    node: &Node,
+    session: SessionId,
+    dirs: &[InodeId],
+) -> Result<(), FsError> {
+    let waiter = Waiter { session, works_on: dirs, refusable: true };
+    for &dir in dirs {
+        let exclusive: Vec<(SessionId, Holder)> = node
+            .caps
+            .others(dir, session)
+            .into_iter()
+            .filter(|(_, h)| h.mode == CapMode::Exclusive)
+            .collect();
+        if !exclusive.is_empty() {
+            recall(node, dir, exclusive, waiter).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Answers `TakeDir`: an exclusive cap on directory `ino` and its listing, or `None` when
+/// another session holds a cap on it, a mutation is changing it, or it has more than
+/// `limit` entries.
+pub(crate) async fn take_dir(
+    node: &Node,
+    session: SessionId,
+    ino: InodeId,
+    limit: u32,
+) -> Result<MetaResponse, FsError> {
+    await_grace(node).await?;
+    let Some(seq) = node.caps.take_dir(session, ino) else {
+        return Ok(MetaResponse::Dir(None));
+    };
+    // Registered before the listing is read, so a change applied in between recalls it.
+    node.raft.linearize().await?;
+    let listed = node
+        .raft
+        .read(move |kv| {
+            let attr = match stoa_meta::read(kv, &MetaOp::GetAttr { ino })? {
+                MetaResponse::Attr(attr) => attr,
+                other => return Err(FsError::Protocol(format!("getattr answered {other:?}"))),
+            };
+            if attr.kind != stoa_types::FileKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            let mut entries = Vec::new();
+            loop {
+                let after = entries.last().map_or_else(Vec::new, |e: &DirEntry| e.name.clone());
+                let page = MetaOp::ReadDir { ino, after, limit: stoa_meta::READDIR_LIMIT_MAX };
+                let MetaResponse::Entries { entries: more, more: left } =
+                    stoa_meta::read(kv, &page)?
+                else {
+                    return Err(FsError::Protocol("readdir answered no entries".into()));
+                };
+                entries.extend(more);
+                if !left || entries.len() > limit as usize {
+                    return Ok((attr, entries));
+                }
+            }
+        })
+        .await;
+    // A refused directory stays registered to the session, as any grant whose answer
+    // was lost: its client acks the recall when another session wants it (a client
+    // acks every recall, whatever it holds), and a release here could drop a shared
+    // cap the session held before, which its client still uses.
+    let (attr, entries) = listed?;
+    if entries.len() > limit as usize {
+        return Ok(MetaResponse::Dir(None));
+    }
+    Ok(MetaResponse::Dir(Some(DirGrant { attr, seq, entries })))
 }
 
 /// Recalls every other session's caps on `inodes` (after `session` changed them) and

@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use stoa_meta::Command;
 use stoa_net::{Handler, Pool};
-use stoa_proto::{MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
+use stoa_proto::{BatchOp, MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
 use stoa_types::{FsError, NodeId, RequestId, SessionId, StatFs, Timestamp};
 
 /// How long a forwarded request may take at the leader.
@@ -79,6 +79,7 @@ impl Node {
             | MetaOp::GetCaps { .. }
             | MetaOp::CapEvents { .. }
             | MetaOp::CapsReleased { .. }
+            | MetaOp::TakeDir { .. }
             | MetaOp::ReadIndex
             | MetaOp::AddReplica { .. }
             | MetaOp::RemoveReplica { .. } => self.leader_call(req).await,
@@ -94,10 +95,27 @@ impl Node {
         }
         let session = req.session;
         // Other sessions' caches of what this changes are recalled before it is answered
-        // (docs/flows/caps.md); a new leader first learns every cap there is.
-        let touched = caps::touched(self, &req.op).await?;
-        if !touched.is_empty() {
+        // (docs/flows/caps.md); a new leader first learns every cap there is. Exclusive
+        // holders of the directories it changes are recalled before it applies: they may
+        // have changed those directories themselves (invariant 14).
+        let named = caps::parents(&req.op);
+        let _changing = self.caps.changing(&named);
+        if !named.is_empty() {
             caps::await_grace(self).await?;
+            caps::recall_exclusive(self, session, &named).await?;
+        }
+        let touched = caps::touched(self, &req.op).await?;
+        if !touched.inodes.is_empty() {
+            caps::await_grace(self).await?;
+        }
+        let _changing_found = self.caps.changing(&touched.dirs);
+        caps::recall_exclusive(self, session, &touched.dirs).await?;
+        if let MetaOp::Batch { ops } = &req.op {
+            let created = ops.iter().filter_map(|op| match op {
+                BatchOp::Create { ino, .. } => Some(*ino),
+                _ => None,
+            });
+            self.caps.register_created(session, &created.collect::<Vec<_>>());
         }
         let closing = matches!(req.op, MetaOp::CloseSession);
         let answer = self.raft.propose(Command::Client { req, now: Timestamp::now() }).await;
@@ -112,7 +130,7 @@ impl Node {
             _ => {}
         }
         if answer.is_ok() {
-            caps::recall_touched(self, session, &touched).await;
+            caps::recall_touched(self, session, &touched.inodes).await;
         }
         if closing {
             self.caps.drop_session(session);
@@ -145,6 +163,10 @@ impl Node {
             MetaOp::CapsReleased { released } => {
                 self.caps.release(req.session, &released);
                 Ok(MetaResponse::Done)
+            }
+            MetaOp::TakeDir { ino, limit } => {
+                self.renew(req.session).await?;
+                caps::take_dir(self, req.session, ino, limit).await
             }
             MetaOp::ReadIndex => {
                 Ok(MetaResponse::ReadIndex { index: self.raft.read_index().await? })

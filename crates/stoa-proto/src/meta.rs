@@ -284,16 +284,9 @@ pub enum BatchOp {
         at: Timestamp,
     },
     /// Removes `name` from `parent`: an `Rmdir` when `dir`, else an `Unlink`.
-    Remove {
-        parent: InodeId,
-        name: Vec<u8>,
-        dir: bool,
-        at: Timestamp,
-    },
+    Remove { parent: InodeId, name: Vec<u8>, dir: bool, at: Timestamp },
     /// The session closed its last handle of `ino`, as [`MetaOp::Release`].
-    Release {
-        ino: InodeId,
-    },
+    Release { ino: InodeId },
 }
 
 /// A directory taken by [`MetaOp::TakeDir`]: its attributes, the grant's sequence

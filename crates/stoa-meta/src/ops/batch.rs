@@ -88,7 +88,9 @@ fn apply_one(kv: &mut impl KvWrite, session: SessionId, op: &BatchOp) -> Result<
         BatchOp::Create { ino, parent, name, kind, perm, uid, gid, rdev, target, open, at } => {
             take_reserved(kv, session, *ino)?;
             let new = match kind {
-                FileKind::Dir => NewNode { kind: *kind, perm: *perm, uid: *uid, gid: *gid, rdev: 0 },
+                FileKind::Dir => {
+                    NewNode { kind: *kind, perm: *perm, uid: *uid, gid: *gid, rdev: 0 }
+                }
                 FileKind::Symlink => {
                     NewNode { kind: *kind, perm: 0o777, uid: *uid, gid: *gid, rdev: 0 }
                 }
@@ -197,7 +199,10 @@ mod tests {
         );
         assert_eq!(results, vec![Ok(()), Ok(()), Ok(()), Ok(())]);
         let inner = fs.lookup(d, "inner").unwrap();
-        assert_eq!((inner.ino, inner.perm, inner.uid, inner.mtime), (InodeId(first.0 + 2), 0o640, 5, at));
+        assert_eq!(
+            (inner.ino, inner.perm, inner.uid, inner.mtime),
+            (InodeId(first.0 + 2), 0o640, 5, at)
+        );
         let dir = fs.getattr(d).unwrap();
         assert_eq!((dir.kind, dir.nlink, dir.mtime), (FileKind::Dir, 2, at));
         assert_eq!(fs.lookup(ROOT, "a"), Err(FsError::NotFound));
@@ -233,7 +238,10 @@ mod tests {
         // A new reservation replaces the old one.
         let again = reserve(&mut fs, 2);
         assert!(again.0 >= first.0 + 4);
-        assert!(matches!(run(&mut fs, vec![file(InodeId(first.0 + 3), ROOT, "e", at)])[0], Err(FsError::Invalid(_))));
+        assert!(matches!(
+            run(&mut fs, vec![file(InodeId(first.0 + 3), ROOT, "e", at)])[0],
+            Err(FsError::Invalid(_))
+        ));
         fs.call(MetaOp::CloseSession).unwrap();
         assert_eq!(reserved(&fs.kv, fs.session), None, "a session's end forgets its reservation");
     }

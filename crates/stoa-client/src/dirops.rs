@@ -1,0 +1,320 @@
+//! Namespace changes this client makes by itself (docs/flows/caps.md, "Namespace changes
+//! made by the client"): in a directory it holds exclusively with its whole listing, it
+//! answers creates, mkdirs, symlinks, unlinks and rmdirs at once and sends them to meta
+//! in batches, so a process creating files does not wait for a Raft round per file.
+//!
+//! ```text
+//!  create / mkdir / symlink in D --> exclusive cap on D with its listing?
+//!        no --> TakeDir (unless refused lately) --> still no --> one meta call (as before)
+//!        yes --> name free in the listing? --> reserved inode number --> record the
+//!                change (listing, attributes, a cap on the new inode) --> queue --> answer
+//!  unlink / rmdir in D --> the child is held exclusively and known whole? --> same
+//!
+//!  sender: queue --> Batch (one log entry, each change alone) --> answers --> backlog done
+//!  every other meta call waits for the backlog queued before it (session.rs), and a
+//!  recall of D waits for it before the ack (caps.rs), so nobody sees D without them
+//! ```
+//!
+//! A change meta refuses after this client answered it (it should not happen: the cap
+//! makes this client the only one changing D) is logged, drops the listing of D, and
+//! fails every handle of a file whose create was refused.
+
+use crate::caps::Change;
+use crate::client::{Client, Shared};
+use crate::namespace::Owner;
+use crate::session::unexpected;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use stoa_proto::{BatchOp, MetaOp, MetaResponse};
+use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
+
+/// The largest directory taken with its listing.
+const LISTING_LIMIT: u32 = 50_000;
+/// How long after a refused `TakeDir` the directory is not asked for again.
+const REFUSED_PAUSE: Duration = Duration::from_secs(1);
+/// Inode numbers reserved at a time.
+const RESERVATION: u32 = 4096;
+/// Changes sent in one batch at most.
+const BATCH_MAX: usize = 1024;
+/// Directories remembered as refused at most; the memory is cleared past it.
+const REFUSED_MAX: usize = 4096;
+/// How long a `TakeDir` may wait at the leader (a new leader's grace period).
+const TAKE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The client's queue of changes and what it needs to make them.
+#[derive(Default)]
+pub(crate) struct DirOps {
+    queue: Mutex<Queue>,
+    /// The reserved inode numbers not used yet, and the session they belong to.
+    inodes: tokio::sync::Mutex<(SessionId, Range<u64>)>,
+    /// Directories meta would not give this client lately.
+    refused: Mutex<HashMap<InodeId, Instant>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    ops: Vec<Queued>,
+    /// Whether a sender task runs.
+    sending: bool,
+}
+
+struct Queued {
+    /// Its number in the session's backlog.
+    number: u64,
+    op: BatchOp,
+    /// The caps generation it was made under; `None` for a release, which needs no cap.
+    generation: Option<u64>,
+}
+
+/// What a new inode is.
+pub(crate) struct NewInode<'a> {
+    pub kind: FileKind,
+    pub perm: u32,
+    pub owner: Owner,
+    pub rdev: u32,
+    /// A symlink's target; empty for everything else.
+    pub target: &'a [u8],
+    /// Created open (`open(O_CREAT)`): meta records the open with the create.
+    pub open: bool,
+}
+
+impl Client {
+    /// Makes `name` in `parent` here if this client holds `parent` with its listing
+    /// (taking it if meta gives it); `None` when the change must go to meta.
+    pub(crate) async fn create_here(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new: NewInode<'_>,
+    ) -> Option<Result<Attr, FsError>> {
+        self.take_dir(parent).await;
+        let _pin = self.pin(&[parent]).await;
+        if self.sh.caps.listed(parent, name)?.is_some() {
+            return Some(Err(FsError::Exists));
+        }
+        let ino = match self.reserved_ino().await {
+            Ok(ino) => ino,
+            Err(e) => return Some(Err(e)),
+        };
+        let at = Timestamp::now();
+        let (perm, rdev) = match new.kind {
+            FileKind::Symlink => (0o777, 0),
+            FileKind::Dir => (new.perm & 0o7777, 0),
+            _ => (new.perm & 0o7777, new.rdev),
+        };
+        let attr = Attr {
+            ino,
+            kind: new.kind,
+            perm,
+            uid: new.owner.uid,
+            gid: new.owner.gid,
+            size: new.target.len() as u64,
+            nlink: if new.kind == FileKind::Dir { 2 } else { 1 },
+            rdev,
+            atime: at,
+            mtime: at,
+            ctime: at,
+            version: 1,
+        };
+        let generation = self.sh.caps.record_change(parent, name, Change::Created(attr.clone()))?;
+        let op = BatchOp::Create {
+            ino,
+            parent,
+            name: name.to_vec(),
+            kind: new.kind,
+            perm,
+            uid: new.owner.uid,
+            gid: new.owner.gid,
+            rdev,
+            target: new.target.to_vec(),
+            open: new.open,
+            at,
+        };
+        queue(&self.sh, op, Some(generation));
+        Some(Ok(attr))
+    }
+
+    /// Removes `name` from `parent` here (an rmdir when `dir`) if this client holds
+    /// `parent` with its listing and the child exclusively, knowing it whole (a file
+    /// with one link, or a directory with its listing); `None` when it must go to meta.
+    pub(crate) async fn remove_here(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        dir: bool,
+    ) -> Option<Result<(), FsError>> {
+        let Some(child) = self.sh.caps.listed(parent, name)? else {
+            return Some(Err(FsError::NotFound));
+        };
+        let _pin = self.pin(&[parent, child]).await;
+        if self.sh.caps.listed(parent, name)? != Some(child) {
+            return None;
+        }
+        let attr = self.sh.caps.owns(child)?;
+        match (dir, attr.kind == FileKind::Dir) {
+            (true, false) => return Some(Err(FsError::NotDir)),
+            (false, true) => return Some(Err(FsError::IsDir)),
+            (true, true) => match self.sh.caps.listing_len(child)? {
+                0 => {}
+                _ => return Some(Err(FsError::NotEmpty)),
+            },
+            (false, false) if attr.nlink != 1 => return None,
+            (false, false) => {}
+        }
+        // A file this client has open or is writing keeps its cap: its handles go on.
+        let keep = !dir && self.sh.open_file(child).is_some();
+        let at = Timestamp::now();
+        let change = Change::Removed { child, dir, at, keep };
+        let generation = self.sh.caps.record_change(parent, name, change)?;
+        queue(&self.sh, BatchOp::Remove { parent, name: name.to_vec(), dir, at }, Some(generation));
+        Some(Ok(()))
+    }
+
+    /// Tells meta, in order with this client's other changes, that it closed its last
+    /// handle of `ino`; returns once meta has it.
+    pub(crate) async fn release_queued(&self, ino: InodeId) {
+        let number = queue(&self.sh, BatchOp::Release { ino }, None);
+        self.sh.session.backlog.wait(number).await;
+    }
+
+    /// Waits until meta has every namespace change this client answered so far.
+    pub async fn sync_namespace(&self) {
+        self.sh.session.backlog.wait_all().await;
+    }
+
+    /// Asks meta for `dir` with its listing unless this client holds it already or meta
+    /// refused it lately.
+    async fn take_dir(&self, dir: InodeId) {
+        if self.sh.caps.listing_len(dir).is_some() {
+            return;
+        }
+        {
+            let mut refused = self.sh.dirops.refused.lock().expect("refused lock poisoned");
+            if refused.get(&dir).is_some_and(|at| at.elapsed() < REFUSED_PAUSE) {
+                return;
+            }
+            if refused.len() > REFUSED_MAX {
+                refused.clear();
+            }
+        }
+        let taken = match self.take(dir).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::debug!("taking directory {dir} with its listing: {e}");
+                false
+            }
+        };
+        if !taken {
+            let mut refused = self.sh.dirops.refused.lock().expect("refused lock poisoned");
+            refused.insert(dir, Instant::now());
+        }
+    }
+
+    async fn take(&self, dir: InodeId) -> Result<bool, FsError> {
+        let op = MetaOp::TakeDir { ino: dir, limit: LISTING_LIMIT };
+        let sent = Instant::now();
+        let grant = match self.sh.session.call_leader(op, TAKE_TIMEOUT).await? {
+            MetaResponse::Dir(grant) => grant,
+            other => return Err(unexpected("TakeDir", &other)),
+        };
+        self.renewed(sent).await;
+        Ok(grant.is_some_and(|grant| self.sh.caps.store_dir(&grant)))
+    }
+
+    /// The next reserved inode number, reserving more when none is left.
+    async fn reserved_ino(&self) -> Result<InodeId, FsError> {
+        let mut reserved = self.sh.dirops.inodes.lock().await;
+        let session = self.sh.session.id();
+        // A reservation dies with its session.
+        if reserved.0 != session || reserved.1.is_empty() {
+            let op = MetaOp::AllocInodes { count: RESERVATION };
+            match self.sh.session.call_in(session, op).await? {
+                MetaResponse::Inodes { first, count } => {
+                    *reserved = (session, first.0..first.0 + u64::from(count));
+                }
+                other => return Err(unexpected("AllocInodes", &other)),
+            }
+        }
+        let ino = reserved.1.start;
+        reserved.1.start += 1;
+        Ok(InodeId(ino))
+    }
+}
+
+/// Queues `op` for meta and starts a sender if none runs; returns its backlog number.
+fn queue(sh: &Arc<Shared>, op: BatchOp, generation: Option<u64>) -> u64 {
+    let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
+    // Numbered under the queue's lock, so numbers follow the queue's order.
+    let number = sh.session.backlog.queue();
+    q.ops.push(Queued { number, op, generation });
+    if !std::mem::replace(&mut q.sending, true) {
+        tokio::spawn(send(sh.clone()));
+    }
+    number
+}
+
+/// Sends queued changes in batches, one batch at a time, until the queue is empty.
+async fn send(sh: Arc<Shared>) {
+    loop {
+        let batch: Vec<Queued> = {
+            let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
+            if q.ops.is_empty() {
+                q.sending = false;
+                return;
+            }
+            let n = q.ops.len().min(BATCH_MAX);
+            q.ops.drain(..n).collect()
+        };
+        let last = batch.last().map_or(0, |q| q.number);
+        // Changes made under caps that lapsed since are never sent: another client may
+        // hold those directories now (fencing, as for buffered writes).
+        let generation = sh.caps.generation();
+        let (live, stale): (Vec<Queued>, Vec<Queued>) =
+            batch.into_iter().partition(|q| q.generation.is_none_or(|g| g == generation));
+        for q in &stale {
+            refused(&sh, &q.op, &FsError::SessionExpired);
+        }
+        if !live.is_empty() {
+            let ops: Vec<BatchOp> = live.iter().map(|q| q.op.clone()).collect();
+            match sh.session.call(MetaOp::Batch { ops }).await {
+                Ok(MetaResponse::Batch(results)) if results.len() == live.len() => {
+                    for (q, result) in live.iter().zip(results) {
+                        if let Err(e) = result {
+                            refused(&sh, &q.op, &e);
+                        }
+                    }
+                }
+                answer => {
+                    let e = match answer {
+                        Ok(other) => unexpected("Batch", &other),
+                        Err(e) => e,
+                    };
+                    for q in &live {
+                        refused(&sh, &q.op, &e);
+                    }
+                }
+            }
+        }
+        sh.session.backlog.done(last);
+    }
+}
+
+/// Meta refused a change this client had already answered: the listing of its directory
+/// may be wrong now, and a file whose create was refused fails its handles.
+fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
+    tracing::warn!("meta refused a namespace change this client had made: {op:?}: {e}");
+    match op {
+        BatchOp::Create { ino, parent, .. } => {
+            sh.caps.drop_listing(*parent);
+            sh.caps.forget(&[*ino], &[]);
+            if let Some(file) = sh.open_file(*ino) {
+                file.lock()
+                    .fail(FsError::Io(format!("meta refused the create of inode {ino}: {e}")));
+            }
+        }
+        BatchOp::Remove { parent, .. } => sh.caps.drop_listing(*parent),
+        BatchOp::Release { .. } => {}
+    }
+}
