@@ -304,6 +304,64 @@ impl Caps {
         Some(generation)
     }
 
+    /// Records a rename this client made itself of `child` from `from` to `to`, both
+    /// in directories it holds with their listings, over `replaced` (with whether its
+    /// cap is kept, see [`Change::Removed`]). Returns the caps generation, or `None`
+    /// (nothing recorded) when a cap or listing is gone.
+    pub fn record_rename(
+        &self,
+        (from, to): ((InodeId, &[u8]), (InodeId, &[u8])),
+        child: InodeId,
+        replaced: Option<(InodeId, bool)>,
+        at: Timestamp,
+    ) -> Option<u64> {
+        let mut t = self.lock();
+        Caps::remaining(&t)?;
+        let generation = t.generation;
+        let usable = |h: Option<&Held>| {
+            h.is_some_and(|h| h.mode == CapMode::Exclusive && h.listing.is_some())
+        };
+        if !usable(t.held.get(&from.0)) || !usable(t.held.get(&to.0)) {
+            return None;
+        }
+        for (dir, name, entry) in [(from.0, from.1, None), (to.0, to.1, Some(child))] {
+            let h = t.held.get_mut(&dir).expect("checked above");
+            let listing = h.listing.as_mut().expect("checked above");
+            match entry {
+                Some(ino) => {
+                    listing.insert(name.to_vec(), ino);
+                    h.names.insert(name.to_vec(), ino);
+                }
+                None => {
+                    listing.remove(name);
+                }
+            }
+            if let Some(attr) = &mut h.attr {
+                attr.mtime = at;
+                attr.ctime = at;
+                attr.version += 1;
+            }
+        }
+        if let Some(attr) = t.held.get_mut(&child).and_then(|h| h.attr.as_mut()) {
+            attr.ctime = at;
+            attr.version += 1;
+        }
+        match replaced {
+            Some((ino, true)) => {
+                if let Some(attr) = t.held.get_mut(&ino).and_then(|h| h.attr.as_mut()) {
+                    attr.nlink = attr.nlink.saturating_sub(1);
+                    attr.ctime = at;
+                    attr.version += 1;
+                }
+            }
+            Some((ino, false)) => {
+                t.held.remove(&ino);
+            }
+            None => {}
+        }
+        Some(generation)
+    }
+
     /// Drops the listing of `dir`: a change made in it was refused by meta, so the
     /// listing may be wrong; the next change there takes it again.
     pub fn drop_listing(&self, dir: InodeId) {

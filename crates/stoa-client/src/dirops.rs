@@ -38,6 +38,9 @@ const REFUSED_PAUSE: Duration = Duration::from_secs(1);
 const RESERVATION: u32 = 4096;
 /// Changes sent in one batch at most.
 const BATCH_MAX: usize = 1024;
+/// A batch shorter than this waits [`GATHER_WAIT`] for more changes first.
+const GATHER_OPS: usize = 256;
+const GATHER_WAIT: Duration = Duration::from_millis(5);
 /// Directories remembered as refused at most; the memory is cleared past it.
 const REFUSED_MAX: usize = 4096;
 /// How long a `TakeDir` may wait at the leader (a new leader's grace period).
@@ -172,6 +175,64 @@ impl Client {
         Some(Ok(()))
     }
 
+    /// Renames `parent/name` to `new_parent/new_name` here (no `renameat2` flags but
+    /// `RENAME_NOREPLACE`) if this client holds both directories with their listings, and
+    /// exclusively the file it moves and any file it replaces, each with one link;
+    /// `None` when the rename must go to meta. Directories are renamed through meta,
+    /// which checks that none moves into its own subtree.
+    pub(crate) async fn rename_here(
+        &self,
+        (parent, name): (InodeId, &[u8]),
+        (new_parent, new_name): (InodeId, &[u8]),
+        flags: u32,
+    ) -> Option<Result<(), FsError>> {
+        if flags & !libc::RENAME_NOREPLACE != 0 {
+            return None;
+        }
+        let Some(child) = self.sh.caps.listed(parent, name)? else {
+            return Some(Err(FsError::NotFound));
+        };
+        let target = self.sh.caps.listed(new_parent, new_name)?;
+        let mut pinned = vec![parent, new_parent, child];
+        pinned.extend(target);
+        let _pin = self.pin(&pinned).await;
+        if self.sh.caps.listed(parent, name)? != Some(child)
+            || self.sh.caps.listed(new_parent, new_name)? != target
+        {
+            return None;
+        }
+        let attr = self.sh.caps.owns(child)?;
+        if attr.kind == FileKind::Dir || attr.nlink != 1 || target == Some(child) {
+            return None;
+        }
+        let replaced = match target {
+            None => None,
+            Some(_) if flags & libc::RENAME_NOREPLACE != 0 => return Some(Err(FsError::Exists)),
+            Some(old) => {
+                let old_attr = self.sh.caps.owns(old)?;
+                if old_attr.kind == FileKind::Dir {
+                    return Some(Err(FsError::IsDir));
+                }
+                if old_attr.nlink != 1 {
+                    return None;
+                }
+                Some((old, self.sh.open_file(old).is_some()))
+            }
+        };
+        let at = Timestamp::now();
+        let places = ((parent, name), (new_parent, new_name));
+        let generation = self.sh.caps.record_rename(places, child, replaced, at)?;
+        let op = BatchOp::Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            at,
+        };
+        queue(&self.sh, op, Some(generation));
+        Some(Ok(()))
+    }
+
     /// Tells meta, in order with this client's other changes, that it closed its last
     /// handle of `ino`; returns once meta has it.
     pub(crate) async fn release_queued(&self, ino: InodeId) {
@@ -255,9 +316,16 @@ fn queue(sh: &Arc<Shared>, op: BatchOp, generation: Option<u64>) -> u64 {
     number
 }
 
-/// Sends queued changes in batches, one batch at a time, until the queue is empty.
+/// Sends queued changes in batches, one batch at a time, until the queue is empty. A
+/// short batch waits a moment for more (one Raft entry and one apply serve them all),
+/// unless a call is waiting for the backlog.
 async fn send(sh: Arc<Shared>) {
     loop {
+        let short =
+            sh.dirops.queue.lock().expect("dirops queue lock poisoned").ops.len() < GATHER_OPS;
+        if short && !sh.session.backlog.is_urgent() {
+            tokio::time::sleep(GATHER_WAIT).await;
+        }
         let batch: Vec<Queued> = {
             let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
             if q.ops.is_empty() {
@@ -315,6 +383,10 @@ fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
             }
         }
         BatchOp::Remove { parent, .. } => sh.caps.drop_listing(*parent),
+        BatchOp::Rename { parent, new_parent, .. } => {
+            sh.caps.drop_listing(*parent);
+            sh.caps.drop_listing(*new_parent);
+        }
         BatchOp::Release { .. } => {}
     }
 }

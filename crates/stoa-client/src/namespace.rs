@@ -186,6 +186,10 @@ impl Client {
         flags: u32,
     ) -> Result<(), FsError> {
         validate_name(new_name)?;
+        if let Some(renamed) = self.rename_here((parent, name), (new_parent, new_name), flags).await
+        {
+            return renamed;
+        }
         let op = MetaOp::Rename {
             parent,
             name: name.to_vec(),

@@ -110,13 +110,13 @@ impl Session {
 
     /// Waits until meta has answered every namespace change queued before `op`, unless
     /// `op` is one of the calls that must never wait for them: the batch that carries
-    /// them, the inode reservation they need, and the events stream, acks and renewals,
-    /// which recalls and leases depend on.
+    /// them, and the events stream, acks and renewals, which recalls and leases depend
+    /// on. (An inode reservation waits too: it replaces the last one, whose numbers the
+    /// queued creates use.)
     async fn after_backlog(&self, op: &MetaOp) {
         let independent = matches!(
             op,
             MetaOp::Batch { .. }
-                | MetaOp::AllocInodes { .. }
                 | MetaOp::CapEvents { .. }
                 | MetaOp::CapsReleased { .. }
                 | MetaOp::RenewSession
@@ -188,6 +188,8 @@ pub(crate) struct Backlog {
     queued: AtomicU64,
     done: AtomicU64,
     changed: tokio::sync::Notify,
+    /// Calls waiting for the whole backlog: the sender gathers no more changes then.
+    urgent: std::sync::atomic::AtomicUsize,
 }
 
 impl Backlog {
@@ -217,7 +219,18 @@ impl Backlog {
 
     /// Waits until every change queued so far has its answer.
     pub async fn wait_all(&self) {
-        self.wait(self.queued.load(Ordering::Acquire)).await;
+        let upto = self.queued.load(Ordering::Acquire);
+        if self.done.load(Ordering::Acquire) >= upto {
+            return;
+        }
+        self.urgent.fetch_add(1, Ordering::AcqRel);
+        self.wait(upto).await;
+        self.urgent.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a call waits for the whole backlog.
+    pub fn is_urgent(&self) -> bool {
+        self.urgent.load(Ordering::Acquire) > 0
     }
 }
 

@@ -614,9 +614,12 @@ pub(crate) fn parents(op: &MetaOp) -> Vec<InodeId> {
         MetaOp::Link { new_parent, .. } => vec![*new_parent],
         MetaOp::Batch { ops } => ops
             .iter()
-            .filter_map(|op| match op {
-                BatchOp::Create { parent, .. } | BatchOp::Remove { parent, .. } => Some(*parent),
-                BatchOp::Release { .. } => None,
+            .flat_map(|op| match op {
+                BatchOp::Create { parent, .. } | BatchOp::Remove { parent, .. } => {
+                    vec![*parent]
+                }
+                BatchOp::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
+                BatchOp::Release { .. } => vec![],
             })
             .collect(),
         _ => vec![],
@@ -644,11 +647,14 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
         }
         MetaOp::Link { ino, .. } => (vec![*ino], vec![]),
         MetaOp::Batch { ops } => {
-            let removed = ops.iter().filter_map(|op| match op {
-                BatchOp::Remove { parent, name, .. } => Some((*parent, name.clone())),
-                _ => None,
+            let named = ops.iter().flat_map(|op| match op {
+                BatchOp::Remove { parent, name, .. } => vec![(*parent, name.clone())],
+                BatchOp::Rename { parent, name, new_parent, new_name, .. } => {
+                    vec![(*parent, name.clone()), (*new_parent, new_name.clone())]
+                }
+                BatchOp::Create { .. } | BatchOp::Release { .. } => vec![],
             });
-            (vec![], removed.collect())
+            (vec![], named.collect())
         }
         _ => (vec![], vec![]),
     };

@@ -287,6 +287,9 @@ pub enum BatchOp {
     Remove { parent: InodeId, name: Vec<u8>, dir: bool, at: Timestamp },
     /// The session closed its last handle of `ino`, as [`MetaOp::Release`].
     Release { ino: InodeId },
+    /// Renames `parent/name` to `new_parent/new_name`, replacing what is there, as
+    /// [`MetaOp::Rename`] without flags.
+    Rename { parent: InodeId, name: Vec<u8>, new_parent: InodeId, new_name: Vec<u8>, at: Timestamp },
 }
 
 /// A directory taken by [`MetaOp::TakeDir`]: its attributes, the grant's sequence

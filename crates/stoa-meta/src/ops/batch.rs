@@ -5,14 +5,15 @@
 //! ```text
 //!  AllocInodes{count} --> NextInode advances by count --> reservation(session) = [first, end)
 //!  Batch{ops} --> each op in its own overlay: Create (ino from the reservation, in
-//!                 increasing order) | Remove (unlink or rmdir) | Release
+//!                 increasing order) | Remove (unlink or rmdir) | Rename | Release
 //! ```
 //!
 //! An inode number is used once: a create must take a number above every number the
 //! session used before, so a number whose file was deleted (its chunks may still be
 //! garbage on the chunk servers, named by that number) is never given to a new file.
 
-use super::create::{self, NewNode, Place};
+use super::create::{self, NewNode};
+use super::Place;
 use crate::kv::{KvWrite, Table};
 use crate::store::{self, counter, set_counter, Counter};
 use serde::{Deserialize, Serialize};
@@ -111,6 +112,11 @@ fn apply_one(kv: &mut impl KvWrite, session: SessionId, op: &BatchOp) -> Result<
         }
         BatchOp::Remove { parent, name, dir: false, at } => {
             super::unlink::unlink(kv, *parent, name, false, *at).map(drop)
+        }
+        BatchOp::Rename { parent, name, new_parent, new_name, at } => {
+            let from = Place { parent: *parent, name };
+            let to = Place { parent: *new_parent, name: new_name };
+            super::rename::rename(kv, from, to, 0, *at).map(drop)
         }
         BatchOp::Release { ino } => super::session::release(kv, session, *ino).map(drop),
     }

@@ -1,7 +1,7 @@
 //! Create (files, devices, FIFOs, sockets), Mkdir and Symlink: a new inode under a new
 //! name.
 
-use super::{touch_dir, valid_name};
+use super::{touch_dir, valid_name, Place};
 use crate::kv::{KvWrite, Table};
 use crate::store::{
     self, count_files, find_dentry, ino_key, load_dir, put_dentry, take_next, Counter, Dentry,
@@ -74,13 +74,6 @@ pub(crate) fn symlink(
     let new = NewNode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, ..new };
     let ino = next_ino(kv)?;
     make(kv, ino, Place { parent, name }, new, target, now)
-}
-
-/// Where a new inode is linked.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Place<'a> {
-    pub parent: InodeId,
-    pub name: &'a [u8],
 }
 
 /// The next inode number nobody was given.

@@ -69,8 +69,8 @@ pub(crate) fn mutate(
         MetaOp::Rmdir { parent, name } => unlink::rmdir(kv, *parent, name, now),
         MetaOp::Purge { ino } => unlink::purge(kv, *ino),
         MetaOp::Rename { parent, name, new_parent, new_name, flags } => {
-            let from = rename::Place { parent: *parent, name };
-            let to = rename::Place { parent: *new_parent, name: new_name };
+            let from = Place { parent: *parent, name };
+            let to = Place { parent: *new_parent, name: new_name };
             rename::rename(kv, from, to, *flags, now)
         }
         MetaOp::Link { ino, new_parent, new_name } => {
@@ -128,6 +128,13 @@ fn op_name(op: &MetaOp) -> String {
     let text = format!("{op:?}");
     let end = text.find([' ', '{', '(']).unwrap_or(text.len());
     text[..end].to_string()
+}
+
+/// One name: a directory and an entry in it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place<'a> {
+    pub parent: InodeId,
+    pub name: &'a [u8],
 }
 
 /// Records a change of directory `dir`'s contents: mtime and ctime become `now`, and its

@@ -6,6 +6,7 @@
 //! do), then the target's kind and emptiness.
 
 use super::unlink::{drop_link, remove_empty_dir};
+use super::Place;
 use super::{touch_dir, valid_name};
 use crate::kv::{KvRead, KvWrite};
 use crate::store::{
@@ -22,13 +23,6 @@ pub const RENAME_EXCHANGE: u32 = 2;
 /// Deeper than any directory tree we expect; a parent chain longer than this loops,
 /// which only corrupt data can make.
 const DEPTH_MAX: usize = 1 << 20;
-
-/// One name: a directory and an entry in it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Place<'a> {
-    pub parent: InodeId,
-    pub name: &'a [u8],
-}
 
 pub(crate) fn rename(
     kv: &mut impl KvWrite,
