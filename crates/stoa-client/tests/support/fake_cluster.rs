@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_proto::{
-    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Reply, Request,
-    Response, SessionGrant,
+    BatchOp, ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Reply,
+    Request, Response, SessionGrant,
 };
 use stoa_types::{
     Attr, Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, DirEntry, FileKind, FsError,
@@ -290,6 +290,19 @@ impl Handler {
             }
             MetaOp::CapEvents { .. } => MetaResponse::CapEvents { recalls: vec![], term: 0 },
             MetaOp::CapsReleased { .. } => MetaResponse::Done,
+            // Directories are never handed out here, so the client makes every namespace
+            // change through meta; its batches carry only the releases of last closes.
+            MetaOp::TakeDir { .. } => MetaResponse::Dir(None),
+            MetaOp::Batch { ops } => MetaResponse::Batch(
+                ops.into_iter()
+                    .map(|op| match op {
+                        BatchOp::Release { ino } => {
+                            self.apply(st, MetaOp::Release { ino }).map(drop)
+                        }
+                        _ => Err(FsError::NotSupported),
+                    })
+                    .collect(),
+            ),
             _ => return Err(FsError::NotSupported),
         })
     }
