@@ -324,7 +324,10 @@ async fn send(sh: Arc<Shared>) {
         let short =
             sh.dirops.queue.lock().expect("dirops queue lock poisoned").ops.len() < GATHER_OPS;
         if short && !sh.session.backlog.is_urgent() {
-            tokio::time::sleep(GATHER_WAIT).await;
+            tokio::select! {
+                () = tokio::time::sleep(GATHER_WAIT) => {}
+                () = sh.session.backlog.hurry.notified() => {}
+            }
         }
         let batch: Vec<Queued> = {
             let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");

@@ -190,6 +190,8 @@ pub(crate) struct Backlog {
     changed: tokio::sync::Notify,
     /// Calls waiting for the whole backlog: the sender gathers no more changes then.
     urgent: std::sync::atomic::AtomicUsize,
+    /// Signalled when a call starts waiting for the whole backlog.
+    pub hurry: tokio::sync::Notify,
 }
 
 impl Backlog {
@@ -224,6 +226,7 @@ impl Backlog {
             return;
         }
         self.urgent.fetch_add(1, Ordering::AcqRel);
+        self.hurry.notify_one();
         self.wait(upto).await;
         self.urgent.fetch_sub(1, Ordering::AcqRel);
     }

@@ -1,0 +1,96 @@
+//! Namespace changes a mount makes by itself (docs/flows/caps.md, "Namespace changes made
+//! by the client"): in a directory no other mount uses, a mount answers creates, mkdirs,
+//! symlinks, renames, unlinks and rmdirs at once and sends them to meta in batches. Another
+//! mount must still see every one of them as soon as it looks, and an fsync of the
+//! directory must keep them even if the mount that made them dies right after.
+
+mod common;
+
+use common::{Dev, Mount};
+use std::collections::BTreeSet;
+use std::os::unix::fs::{symlink, MetadataExt};
+use std::path::Path;
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> BTreeSet<String> {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display()));
+    entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+fn set(names: &[String]) -> BTreeSet<String> {
+    names.iter().cloned().collect()
+}
+
+#[test]
+fn changes_one_mount_made_alone_are_seen_by_another_at_once() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    for round in 0..12 {
+        let (a, b) = (dev.mnt.join(format!("r{round}")), other.path.join(format!("r{round}")));
+        std::fs::create_dir(&a).unwrap();
+        let mut expect: Vec<String> = Vec::new();
+        for i in 0..30 {
+            let name = format!("f{i}");
+            std::fs::write(a.join(&name), format!("{round}/{i}")).unwrap();
+            expect.push(name);
+        }
+        std::fs::create_dir(a.join("sub")).unwrap();
+        std::fs::write(a.join("sub/inner"), b"inner").unwrap();
+        symlink("f0", a.join("link")).unwrap();
+        std::fs::rename(a.join("f1"), a.join("f1.moved")).unwrap();
+        std::fs::rename(a.join("f2"), a.join("f3")).unwrap();
+        std::fs::rename(a.join("f5"), a.join("sub/f5")).unwrap();
+        std::fs::remove_file(a.join("f4")).unwrap();
+        std::fs::create_dir(a.join("gone")).unwrap();
+        std::fs::remove_dir(a.join("gone")).unwrap();
+        expect.retain(|n| !["f1", "f2", "f4", "f5"].contains(&n.as_str()));
+        expect.extend(["f1.moved", "sub", "link"].map(String::from));
+
+        // The other mount looks at once: it sees exactly what A made, with its contents.
+        assert_eq!(names(&b), set(&expect), "round {round}: B lists another directory");
+        assert_eq!(std::fs::read_to_string(b.join("f3")).unwrap(), format!("{round}/2"));
+        assert_eq!(std::fs::read_to_string(b.join("f1.moved")).unwrap(), format!("{round}/1"));
+        assert_eq!(std::fs::read_to_string(b.join("sub/f5")).unwrap(), format!("{round}/5"));
+        assert_eq!(std::fs::read_to_string(b.join("sub/inner")).unwrap(), "inner");
+        assert_eq!(std::fs::read_link(b.join("link")).unwrap(), Path::new("f0"));
+        assert_eq!(std::fs::read_to_string(b.join("link")).unwrap(), format!("{round}/0"));
+        assert!(std::fs::metadata(b.join("f4")).is_err(), "round {round}: B sees a removed file");
+        assert_eq!(std::fs::metadata(b.join("sub")).unwrap().nlink(), 2);
+
+        // Both now use the directory: changes go through meta, one call each, and are
+        // seen both ways.
+        std::fs::write(a.join("late"), b"from a").unwrap();
+        assert_eq!(std::fs::read(b.join("late")).unwrap(), b"from a");
+        std::fs::write(b.join("back"), b"from b").unwrap();
+        assert_eq!(std::fs::read(a.join("back")).unwrap(), b"from b");
+        std::fs::remove_file(b.join("f0")).unwrap();
+        assert!(std::fs::metadata(a.join("f0")).is_err(), "round {round}: A sees a removed file");
+        assert!(!names(&a).contains("f0"));
+    }
+}
+
+#[test]
+fn an_fsynced_directory_keeps_what_a_mount_made_alone_after_it_dies() {
+    let dev = Dev::start(3, 3);
+    let doomed = Mount::new(&dev, "doomed");
+    let dir = doomed.path.join("work");
+    std::fs::create_dir(&dir).unwrap();
+    let mut expect = Vec::new();
+    for i in 0..200 {
+        let name = format!("file{i:03}");
+        std::fs::write(dir.join(&name), name.as_bytes()).unwrap();
+        expect.push(name);
+    }
+    std::fs::create_dir(dir.join("nested")).unwrap();
+    expect.push("nested".into());
+    std::fs::File::open(&dir).unwrap().sync_all().unwrap();
+    // SAFETY: plain kill(2) of the mount process this test started.
+    assert_eq!(unsafe { libc::kill(doomed.pid() as i32, libc::SIGKILL) }, 0);
+
+    // The survivor waits (at most a lease) for the dead mount's cap on the directory.
+    let seen = dev.mnt.join("work");
+    assert_eq!(names(&seen), set(&expect));
+    for name in expect.iter().filter(|n| n.starts_with("file")) {
+        assert_eq!(std::fs::read(seen.join(name)).unwrap(), name.as_bytes(), "{name}");
+    }
+}
