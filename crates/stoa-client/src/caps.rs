@@ -27,6 +27,9 @@ use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaR
 use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
+/// A name in a directory: the directory and the name.
+pub type Entry<'a> = (InodeId, &'a [u8]);
+
 /// The longest TTL handed to the kernel under a cap. Shorter when the cap's validity
 /// ends sooner (invariant 7).
 const KERNEL_TTL_MAX: Duration = Duration::from_secs(60);
@@ -310,7 +313,7 @@ impl Caps {
     /// (nothing recorded) when a cap or listing is gone.
     pub fn record_rename(
         &self,
-        (from, to): ((InodeId, &[u8]), (InodeId, &[u8])),
+        (from, to): (Entry<'_>, Entry<'_>),
         child: InodeId,
         replaced: Option<(InodeId, bool)>,
         at: Timestamp,
