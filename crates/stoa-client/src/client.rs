@@ -4,7 +4,7 @@ use crate::caps::{spawn_events, Access, Caps};
 use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::dirops::{DirOps, NewInode};
-use crate::file::{ErrorCursor, FileState};
+use crate::file::{ErrorCursor, FileState, MetaOpen};
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
@@ -174,11 +174,10 @@ impl Client {
             let mut meta_open = file.meta_open.lock().await;
             // The call may have moved to a new session if meta expired the old one.
             let current = self.sh.session.id();
-            match &mut *meta_open {
-                // Another handle of this client got here first (an open by name right
-                // after the create): meta has one open per session, so count this one.
-                Some((session, handles)) if *session == current => *handles += 1,
-                _ => *meta_open = Some((current, 1)),
+            // Another handle of this client got here first (an open by name right after
+            // the create): meta has one open per session, so count this one.
+            if !self.reuse_open(&mut meta_open, current) {
+                *meta_open = Some(MetaOpen::new(current));
             }
             file.lock().opens += 1;
             current
@@ -199,19 +198,32 @@ impl Client {
     /// session. Returns that session.
     async fn register_open(&self, file: &FileState) -> Result<SessionId, FsError> {
         let mut meta_open = file.meta_open.lock().await;
-        let current = self.sh.session.id();
-        match &mut *meta_open {
-            // Also when no handle is left but the release has not reached meta yet: the
-            // release then finds a handle and is not sent.
-            Some((session, handles)) if *session == current => *handles += 1,
-            _ => {
-                self.sh.session.call_done(MetaOp::Open { ino: file.ino }).await?;
-                // The call may have moved to a new session if meta expired the old one.
-                *meta_open = Some((self.sh.session.id(), 1));
-            }
+        if !self.reuse_open(&mut meta_open, self.sh.session.id()) {
+            // After any queued release of the file: meta calls wait for the backlog.
+            self.sh.session.call_done(MetaOp::Open { ino: file.ino }).await?;
+            // The call may have moved to a new session if meta expired the old one.
+            *meta_open = Some(MetaOpen::new(self.sh.session.id()));
         }
         file.lock().opens += 1;
-        Ok(meta_open.expect("just registered").0)
+        Ok(meta_open.expect("just registered").session)
+    }
+
+    /// Counts one more handle in what meta knows already, if it knows the file open in
+    /// session `current`: also when no handle is left but the release has not left yet
+    /// (a queued one is taken back; one not yet queued finds a handle and is not sent).
+    /// Whether it did; otherwise meta must hear of the open.
+    fn reuse_open(&self, meta_open: &mut Option<MetaOpen>, current: SessionId) -> bool {
+        match meta_open {
+            Some(m)
+                if m.session == current
+                    && m.release.is_none_or(|number| self.cancel_queued(number)) =>
+            {
+                m.release = None;
+                m.handles += 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Closes a handle: flushes its file and reports the first write error. The last
@@ -227,9 +239,9 @@ impl Client {
             let mut meta_open = file.meta_open.lock().await;
             file.lock().opens -= 1;
             match &mut *meta_open {
-                Some((session, handles)) if *session == handle.session => {
-                    *handles -= 1;
-                    *handles == 0
+                Some(m) if m.session == handle.session => {
+                    m.handles -= 1;
+                    m.handles == 0
                 }
                 _ => false,
             }
@@ -247,27 +259,39 @@ impl Client {
     }
 
     /// Tells meta that this client closed its last handle of `file`, unless it opened
-    /// the file again meanwhile (then meta's open simply continues). The file's
-    /// `meta_open` lock is held across the call, so an open and a release never cross.
-    /// A failure is logged, not returned: the application's close succeeded, and meta
-    /// releases the file when the session ends.
+    /// the file again meanwhile (then meta's open simply continues). In the current
+    /// session the release is queued in order with this client's namespace changes (a
+    /// create of this file may still be on its way) and batched with them, and an open
+    /// before it leaves takes it back. A failure is logged, not returned: the
+    /// application's close succeeded, and meta releases the file when the session ends.
     async fn release_in_meta(&self, file: Arc<FileState>) {
-        {
+        let queued = {
             let mut meta_open = file.meta_open.lock().await;
-            if let Some((session, 0)) = *meta_open {
-                if session == self.sh.session.id() {
-                    // In order with this client's queued namespace changes (a create of
-                    // this file may still be on its way), and batched with them.
-                    self.release_queued(file.ino).await;
-                } else {
-                    match self.sh.session.call_in(session, MetaOp::Release { ino: file.ino }).await
-                    {
-                        Ok(_) | Err(FsError::SessionExpired) => {}
-                        Err(e) => {
-                            tracing::warn!("releasing inode {} at meta failed: {e}", file.ino)
+            match *meta_open {
+                Some(m) if m.handles == 0 && m.release.is_none() => {
+                    if m.session == self.sh.session.id() {
+                        let number = self.queue_release(file.ino);
+                        *meta_open = Some(MetaOpen { release: Some(number), ..m });
+                        Some(number)
+                    } else {
+                        let op = MetaOp::Release { ino: file.ino };
+                        match self.sh.session.call_in(m.session, op).await {
+                            Ok(_) | Err(FsError::SessionExpired) => {}
+                            Err(e) => {
+                                tracing::warn!("releasing inode {} at meta failed: {e}", file.ino)
+                            }
                         }
+                        *meta_open = None;
+                        None
                     }
                 }
+                _ => None,
+            }
+        };
+        if let Some(number) = queued {
+            self.sh.session.backlog.wait(number).await;
+            let mut meta_open = file.meta_open.lock().await;
+            if meta_open.is_some_and(|m| m.release == Some(number)) {
                 *meta_open = None;
             }
         }

@@ -69,6 +69,8 @@ struct Queued {
     op: BatchOp,
     /// The caps generation it was made under; `None` for a release, which needs no cap.
     generation: Option<u64>,
+    /// Taken back before it left (a release whose file was opened again): not sent.
+    cancelled: bool,
 }
 
 /// What a new inode is.
@@ -233,11 +235,22 @@ impl Client {
         Some(Ok(()))
     }
 
-    /// Tells meta, in order with this client's other changes, that it closed its last
-    /// handle of `ino`; returns once meta has it.
-    pub(crate) async fn release_queued(&self, ino: InodeId) {
-        let number = queue(&self.sh, BatchOp::Release { ino }, None);
-        self.sh.session.backlog.wait(number).await;
+    /// Queues, in order with this client's other changes, telling meta that it closed
+    /// its last handle of `ino`; returns the change's backlog number.
+    pub(crate) fn queue_release(&self, ino: InodeId) -> u64 {
+        queue(&self.sh, BatchOp::Release { ino }, None)
+    }
+
+    /// Takes back queued change `number` if it has not left yet; whether it had not.
+    pub(crate) fn cancel_queued(&self, number: u64) -> bool {
+        let mut q = self.sh.dirops.queue.lock().expect("dirops queue lock poisoned");
+        match q.ops.iter_mut().find(|q| q.number == number) {
+            Some(q) => {
+                q.cancelled = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Waits until meta has every namespace change this client answered so far.
@@ -309,7 +322,7 @@ fn queue(sh: &Arc<Shared>, op: BatchOp, generation: Option<u64>) -> u64 {
     let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
     // Numbered under the queue's lock, so numbers follow the queue's order.
     let number = sh.session.backlog.queue();
-    q.ops.push(Queued { number, op, generation });
+    q.ops.push(Queued { number, op, generation, cancelled: false });
     if !std::mem::replace(&mut q.sending, true) {
         tokio::spawn(send(sh.clone()));
     }
@@ -339,11 +352,12 @@ async fn send(sh: Arc<Shared>) {
             q.ops.drain(..n).collect()
         };
         let last = batch.last().map_or(0, |q| q.number);
+        let batch = batch.into_iter().filter(|q| !q.cancelled);
         // Changes made under caps that lapsed since are never sent: another client may
         // hold those directories now (fencing, as for buffered writes).
         let generation = sh.caps.generation();
         let (live, stale): (Vec<Queued>, Vec<Queued>) =
-            batch.into_iter().partition(|q| q.generation.is_none_or(|g| g == generation));
+            batch.partition(|q| q.generation.is_none_or(|g| g == generation));
         for q in &stale {
             refused(&sh, &q.op, &FsError::SessionExpired);
         }

@@ -49,10 +49,27 @@ pub(crate) struct FileState {
     /// Reads and writes share it; truncate takes it alone, so no write lands between
     /// flushing and cutting the chunks.
     pub io_lock: tokio::sync::RwLock<()>,
-    /// The session meta knows this client has the file open in, and how many handles
-    /// are open in it. Meta hears only of the first open and the last release, and the
-    /// lock is held across those calls so that an open and a release never cross.
-    pub meta_open: tokio::sync::Mutex<Option<(SessionId, u32)>>,
+    /// What meta knows of this client's handles of the file. Meta hears only of the
+    /// first open and the last release; the lock is held across an open's call, and a
+    /// release is queued under it, so that an open and a release never cross.
+    pub meta_open: tokio::sync::Mutex<Option<MetaOpen>>,
+}
+
+/// The session meta knows this client has a file open in, and its handles there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetaOpen {
+    pub session: SessionId,
+    pub handles: u32,
+    /// The backlog number of a queued release of the file, sent when no handle comes
+    /// back before the batch leaves: an open meanwhile takes it back instead of asking
+    /// meta again (a file opened and closed in a loop costs meta nothing).
+    pub release: Option<u64>,
+}
+
+impl MetaOpen {
+    pub fn new(session: SessionId) -> Self {
+        MetaOpen { session, handles: 1, release: None }
+    }
 }
 
 pub(crate) struct FileInner {

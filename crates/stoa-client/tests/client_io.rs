@@ -187,6 +187,36 @@ async fn an_unlinked_open_file_is_purged_on_last_close() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_opened_and_closed_in_a_loop_stays_open_at_meta_while_a_handle_is() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"looped").await;
+    let released = || !cluster.state.lock().unwrap().opens.contains(&ino.0);
+    let wait_released = || async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !released() {
+            assert!(std::time::Instant::now() < deadline, "the release never reached meta");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    };
+    for round in 0..200u32 {
+        let fh = client.open(ino).await.unwrap();
+        // Whether the last release was taken back or had left, meta has the file open
+        // once the open returned: an open and a release never cross.
+        assert!(!released(), "round {round}: open at meta");
+        if round % 50 == 49 {
+            // Let a release leave now and then, so the next open must reach meta.
+            client.release(fh).await.unwrap();
+            wait_released().await;
+        } else {
+            client.release(fh).await.unwrap();
+        }
+    }
+    wait_released().await;
+    let calls = cluster.state.lock().unwrap().open_calls;
+    assert!((4..=200).contains(&calls), "{calls} opens reached meta");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_reads_are_served_by_readahead() {
     let (_cluster, client) = setup().await;
     let ino = new_file(&client, b"stream").await;

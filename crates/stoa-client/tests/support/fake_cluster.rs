@@ -25,6 +25,8 @@ pub struct State {
     pub purged: Vec<u64>,
     /// Inodes some session has open, as told by `Open` and `Release`.
     pub opens: std::collections::HashSet<u64>,
+    /// `Open` calls answered.
+    pub open_calls: u64,
     /// Sessions opened so far; `expired` ones are refused like meta refuses them.
     pub sessions: u64,
     pub expired: std::collections::HashSet<u64>,
@@ -252,6 +254,7 @@ impl Handler {
             MetaOp::Open { ino } => {
                 st.attrs.get(&ino.0).ok_or(FsError::NotFound)?;
                 st.opens.insert(ino.0);
+                st.open_calls += 1;
                 MetaResponse::Done
             }
             MetaOp::Release { ino } => {
