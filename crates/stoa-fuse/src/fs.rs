@@ -1,6 +1,7 @@
-//! The FUSE filesystem: each kernel request becomes a task on the tokio runtime that
-//! calls the client and replies, so many requests are in flight at once while fuser's
-//! threads go straight back to reading the device.
+//! The FUSE filesystem: each kernel request calls the client and replies, first on the
+//! fuser thread that read it and, as soon as it has to wait, as a task on the tokio
+//! runtime, so many requests are in flight at once while fuser's threads go back to
+//! reading the device.
 
 use crate::attr::{errno, file_attr, set_time, BLOCK_SIZE_BYTES};
 use crate::dirs::DirStream;
@@ -18,6 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Waker};
 use std::time::{Duration, SystemTime};
 use stoa_client::{Attr, Client, FileKind, FsError, InodeId, LockRequest, Owner, Pinned, SetAttr};
 
@@ -53,13 +55,25 @@ impl StoaFs {
         StoaFs { client, rt, kernel, locks, dirs, next_dir }
     }
 
-    /// Runs `op` with a clone of the client on the runtime.
+    /// Runs `op` with a clone of the client: first right here on fuser's thread, and
+    /// on the runtime only if it has to wait. Most requests of a mount that holds its
+    /// caps (a cached lookup or getattr, a create in a directory held with its listing,
+    /// a flush with nothing buffered) finish in that first poll, and handing them to
+    /// another thread would cost more than the work.
     fn spawn<F, Fut>(&self, op: F)
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.rt.spawn(op(self.client.clone()));
+        // Timers, sockets and tasks the first poll starts need the runtime's context.
+        let _runtime = self.rt.enter();
+        let mut task = Box::pin(op(self.client.clone()));
+        // Whatever the first poll waits on is polled again by the spawned task, with
+        // that task's waker, so this one may do nothing.
+        let mut here = Context::from_waker(Waker::noop());
+        if task.as_mut().poll(&mut here).is_pending() {
+            self.rt.spawn(task);
+        }
     }
 
     fn dir(&self, fh: FileHandle) -> Option<Arc<tokio::sync::Mutex<DirStream>>> {

@@ -2,7 +2,8 @@
 //! and client answers into kernel replies, and owns the mount's lifecycle.
 //!
 //! ```text
-//!  kernel --/dev/fuse--> fuser threads --spawn--> tokio task: Client call --> reply
+//!  kernel --/dev/fuse--> fuser thread: Client call --> reply
+//!                                     \--(has to wait)--> tokio task --> reply
 //!
 //!  mount(): check mount point (missing / not a dir / busy / stale -> detach)
 //!        -> Client::connect -> fuser Session (mount + INIT) -> run until
@@ -43,7 +44,7 @@ pub struct MountConfig {
 
 /// How long shutdown waits for the kernel to end the session after the unmount.
 const SESSION_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Threads reading the FUSE device; they only dispatch, the work runs on tokio.
+/// Threads reading the FUSE device; a request that has to wait goes on to tokio.
 const FUSE_THREADS: usize = 4;
 
 /// Mounts the cluster at `cfg.mountpoint` and serves it until `shutdown` resolves (then
