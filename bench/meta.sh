@@ -2,25 +2,26 @@
 # The metadata benchmark of issue 3, in one run: Stoa with 3 meta replicas against Stoa
 # with 1 (3 chunk servers each), the same workloads (creates, stats, renames, unlinks,
 # readdir, mkdir/rmdir from 1 and 8 workers; the metadata-study table), the 3/1 ratio
-# per row; then failover: under a metadata churn on the 3-replica cluster, kill -9 of the
+# per row; readdir of one directory of 100k entries on each; then failover: under a metadata churn on the 3-replica cluster, kill -9 of the
 # meta leader, and the longest gap between completed operations.
 #
-#   bench/meta.sh [--files N] [--dirs N] [--study-ops N] [--reps N] [--churn SECS] [--quick]
+#   bench/meta.sh [--files N] [--dirs N] [--study-ops N] [--reps N] [--readdir N] [--churn SECS] [--quick]
 #
 # Results: bench/results/meta.csv and the table on stdout. Everything is torn down at exit.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-files=2000 dirs=300 study=300 reps=3 churn=20
+files=2000 dirs=300 study=300 reps=3 big=100000 churn=20
 while [ $# -gt 0 ]; do
     case $1 in
         --files) files=$2; shift 2 ;;
         --dirs) dirs=$2; shift 2 ;;
         --study-ops) study=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
+        --readdir) big=$2; shift 2 ;;
         --churn) churn=$2; shift 2 ;;
-        --quick) files=100 dirs=20 study=50 reps=1 churn=10; shift ;;
-        *) echo "usage: bench/meta.sh [--files N] [--dirs N] [--study-ops N] [--reps N] [--churn SECS] [--quick]" >&2; exit 2 ;;
+        --quick) files=100 dirs=20 study=50 reps=1 big=1000 churn=10; shift ;;
+        *) echo "usage: bench/meta.sh [--files N] [--dirs N] [--study-ops N] [--reps N] [--readdir N] [--churn SECS] [--quick]" >&2; exit 2 ;;
     esac
 done
 cargo build --release --quiet --bin stoa
@@ -39,6 +40,8 @@ args=(--only meta,study --workers 1,8 --files "$files" --dirs "$dirs" --study-op
 for n in 1 3; do
     say "metadata workloads on $n meta replica(s): ${args[*]}"
     "$STOA" bench "$tmp/m$n" "${args[@]}" --csv "$tmp/meta$n.csv"
+    say "readdir of $big entries in one directory on $n meta replica(s)"
+    "$STOA" bench "$tmp/m$n" --only meta --workers 1 --files "$big" --dirs 1 --reps 1 --csv "$tmp/big$n.csv"
 done
 
 say "failover: ${churn} s of create+stat+unlink from 8 workers on 3 replicas; kill -9 of the meta leader after 5 s"
@@ -54,10 +57,13 @@ echo "bench: kill -9 meta leader $leader (pid $pid) at $(date +%T.%N | cut -c1-1
 kill -KILL "$pid"
 wait "$churn_pid"
 
-python3 - "$tmp/meta3.csv" "$tmp/meta1.csv" "$tmp/churn.csv" "$out/meta.csv" "$leader" <<'PY'
+python3 - "$tmp/meta3.csv" "$tmp/meta1.csv" "$tmp/churn.csv" "$out/meta.csv" "$leader" "$tmp/big3.csv" "$tmp/big1.csv" <<'PY'
 import csv, sys
 r3 = {r["key"]: r for r in csv.DictReader(open(sys.argv[1]))}
 r1 = {r["key"]: r for r in csv.DictReader(open(sys.argv[2]))}
+for table, path in ((r3, sys.argv[6]), (r1, sys.argv[7])):
+    listing = next(r for r in csv.DictReader(open(path)) if r["key"] == "readdir")
+    table["readdir.big"] = dict(listing, key="readdir.big")
 churn = next(csv.DictReader(open(sys.argv[3])))
 rows = []
 for key, a in r3.items():

@@ -69,9 +69,9 @@ pub(crate) struct Tuning {
 impl Default for Tuning {
     fn default() -> Tuning {
         Tuning {
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 200,
+            election_timeout_max_ms: 350,
             snapshot_every_entries: 5000,
             entries_kept_after_snapshot: 1000,
             session_lease_ms: stoa_meta::LEASE_MS,
