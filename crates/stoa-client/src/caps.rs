@@ -60,6 +60,10 @@ struct Held {
     /// Every entry of this directory, under an exclusive cap taken with its listing
     /// (`dirops`): lookups are answered from it and changes are made in it.
     listing: Option<HashMap<Vec<u8>, InodeId>>,
+    /// Where this client last put the inode's name itself (a create or rename it made
+    /// in a directory it holds with its listing); checked against that listing before
+    /// use.
+    place: Option<(InodeId, Vec<u8>)>,
 }
 
 /// An inode being recalled: operations on it run uncapped and are counted.
@@ -232,6 +236,23 @@ impl Caps {
         h.attr.clone()
     }
 
+    /// Where the one name of file `ino` lies, if a directory this client holds with its
+    /// listing has it there and the client holds the file exclusively: no other client
+    /// can take that name without recalling the directory first, so meta may hear of
+    /// an open of the file in the next batch. With the caps generation.
+    pub fn sole_place(&self, ino: InodeId) -> Option<(InodeId, u64)> {
+        let t = self.lock();
+        Caps::remaining(&t)?;
+        let h = t.held.get(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
+        let attr = h.attr.as_ref()?;
+        if attr.kind != FileKind::File || attr.nlink != 1 {
+            return None;
+        }
+        let (parent, name) = h.place.as_ref()?;
+        let dir = t.held.get(parent).filter(|d| d.mode == CapMode::Exclusive)?;
+        (dir.listing.as_ref()?.get(name) == Some(&ino)).then_some((*parent, t.generation))
+    }
+
     /// How many entries the listing of directory `ino` has, if this client holds it.
     pub fn listing_len(&self, ino: InodeId) -> Option<usize> {
         let t = self.lock();
@@ -287,8 +308,9 @@ impl Caps {
         match change {
             Change::Created(attr) => {
                 let (ino, listing) = (attr.ino, (attr.kind == FileKind::Dir).then(HashMap::new));
-                let held =
-                    Held { mode: CapMode::Exclusive, attr: Some(attr), listing, ..empty_held() };
+                let place = Some((parent, name.to_vec()));
+                let mode = CapMode::Exclusive;
+                let held = Held { mode, attr: Some(attr), listing, place, ..empty_held() };
                 t.held.insert(ino, held);
             }
             Change::Removed { child, at, keep, .. } => match keep {
@@ -345,9 +367,12 @@ impl Caps {
                 attr.version += 1;
             }
         }
-        if let Some(attr) = t.held.get_mut(&child).and_then(|h| h.attr.as_mut()) {
-            attr.ctime = at;
-            attr.version += 1;
+        if let Some(h) = t.held.get_mut(&child) {
+            h.place = Some((to.0, to.1.to_vec()));
+            if let Some(attr) = &mut h.attr {
+                attr.ctime = at;
+                attr.version += 1;
+            }
         }
         match replaced {
             Some((ino, true)) => {
@@ -386,13 +411,8 @@ impl Caps {
         };
         let mut stored = false;
         if !late(&t, grant.attr.ino, grant.seq) {
-            let h = t.held.entry(grant.attr.ino).or_insert(Held {
-                mode: grant.mode,
-                seq: grant.seq,
-                attr: None,
-                names: HashMap::new(),
-                listing: None,
-            });
+            let held = Held { mode: grant.mode, seq: grant.seq, ..empty_held() };
+            let h = t.held.entry(grant.attr.ino).or_insert(held);
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
             keep_newest(&mut h.attr, &grant.attr);
@@ -400,13 +420,8 @@ impl Caps {
         }
         if let Some((parent, name)) = dir {
             if stored && !late(&t, parent, grant.dir_seq) {
-                let h = t.held.entry(parent).or_insert(Held {
-                    mode: CapMode::Shared,
-                    seq: grant.dir_seq,
-                    attr: None,
-                    names: HashMap::new(),
-                    listing: None,
-                });
+                let held = Held { seq: grant.dir_seq, ..empty_held() };
+                let h = t.held.entry(parent).or_insert(held);
                 h.seq = h.seq.max(grant.dir_seq);
                 h.names.insert(name.to_vec(), grant.attr.ino);
             }
@@ -877,7 +892,8 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
 }
 
 fn empty_held() -> Held {
-    Held { mode: CapMode::Shared, seq: 0, attr: None, names: HashMap::new(), listing: None }
+    let names = HashMap::new();
+    Held { mode: CapMode::Shared, seq: 0, attr: None, names, listing: None, place: None }
 }
 
 /// Tells the leader the cap is gone. A lost ack costs the recaller a lease at most.

@@ -198,11 +198,16 @@ impl Client {
     /// session. Returns that session.
     async fn register_open(&self, file: &FileState) -> Result<SessionId, FsError> {
         let mut meta_open = file.meta_open.lock().await;
-        if !self.reuse_open(&mut meta_open, self.sh.session.id()) {
-            // After any queued release of the file: meta calls wait for the backlog.
-            self.sh.session.call_done(MetaOp::Open { ino: file.ino }).await?;
-            // The call may have moved to a new session if meta expired the old one.
-            *meta_open = Some(MetaOpen::new(self.sh.session.id()));
+        let current = self.sh.session.id();
+        if !self.reuse_open(&mut meta_open, current) {
+            if self.open_queued(file.ino).await {
+                *meta_open = Some(MetaOpen::new(current));
+            } else {
+                // After any queued release of the file: meta calls wait for the backlog.
+                self.sh.session.call_done(MetaOp::Open { ino: file.ino }).await?;
+                // The call may have moved to a new session if meta expired the old one.
+                *meta_open = Some(MetaOpen::new(self.sh.session.id()));
+            }
         }
         file.lock().opens += 1;
         Ok(meta_open.expect("just registered").session)

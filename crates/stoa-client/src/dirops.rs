@@ -235,6 +235,22 @@ impl Client {
         Some(Ok(()))
     }
 
+    /// Queues telling meta that this client opened file `ino`, if no other client can
+    /// take its one name before the batch applies ([`Caps::sole_place`]); whether it did.
+    /// Meta then hears of the open in order with this client's other changes.
+    pub(crate) async fn open_queued(&self, ino: InodeId) -> bool {
+        let Some((parent, _)) = self.sh.caps.sole_place(ino) else { return false };
+        // A recall of the directory waits for what is queued: this one too.
+        let _pin = self.pin(&[parent, ino]).await;
+        match self.sh.caps.sole_place(ino) {
+            Some((now, generation)) if now == parent => {
+                queue(&self.sh, BatchOp::Open { ino }, Some(generation));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Queues, in order with this client's other changes, telling meta that it closed
     /// its last handle of `ino`; returns the change's backlog number.
     pub(crate) fn queue_release(&self, ino: InodeId) -> u64 {
@@ -403,6 +419,11 @@ fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
         BatchOp::Rename { parent, new_parent, .. } => {
             sh.caps.drop_listing(*parent);
             sh.caps.drop_listing(*new_parent);
+        }
+        BatchOp::Open { ino } => {
+            if let Some(file) = sh.open_file(*ino) {
+                file.lock().fail(FsError::Io(format!("meta refused the open of inode {ino}: {e}")));
+            }
         }
         BatchOp::Release { .. } => {}
     }

@@ -619,7 +619,7 @@ pub(crate) fn parents(op: &MetaOp) -> Vec<InodeId> {
                     vec![*parent]
                 }
                 BatchOp::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
-                BatchOp::Release { .. } => vec![],
+                BatchOp::Open { .. } | BatchOp::Release { .. } => vec![],
             })
             .collect(),
         _ => vec![],
@@ -652,7 +652,9 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
                 BatchOp::Rename { parent, name, new_parent, new_name, .. } => {
                     vec![(*parent, name.clone()), (*new_parent, new_name.clone())]
                 }
-                BatchOp::Create { .. } | BatchOp::Release { .. } => vec![],
+                BatchOp::Create { .. } | BatchOp::Open { .. } | BatchOp::Release { .. } => {
+                    vec![]
+                }
             });
             (vec![], named.collect())
         }

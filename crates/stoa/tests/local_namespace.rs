@@ -70,6 +70,36 @@ fn changes_one_mount_made_alone_are_seen_by_another_at_once() {
 }
 
 #[test]
+fn a_file_a_mount_made_alone_and_opened_again_outlives_its_unlink_on_another_mount() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    for round in 0..10 {
+        let (a, b) = (dev.mnt.join(format!("r{round}")), other.path.join(format!("r{round}")));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::write(a.join("kept"), format!("kept {round}")).unwrap();
+        // The release of that handle reaches meta: the next open is a new one.
+        std::fs::File::open(&a).unwrap().sync_all().unwrap();
+        // Meta hears of this open in A's next batch, not before open(2) returns.
+        let mut f =
+            std::fs::OpenOptions::new().read(true).write(true).open(a.join("kept")).unwrap();
+        std::fs::remove_file(b.join("kept")).unwrap();
+        // A's handle goes on: meta had the open before the unlink, so the file lives on
+        // as an orphan (its attributes come from meta now: the unlink recalled A's cap).
+        let meta =
+            f.metadata().unwrap_or_else(|e| panic!("round {round}: fstat after unlink: {e}"));
+        assert_eq!(meta.nlink(), 0, "round {round}");
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).unwrap();
+        std::io::Write::write_all(&mut f, b"+more").unwrap();
+        f.sync_all().unwrap_or_else(|e| panic!("round {round}: fsync after unlink: {e}"));
+        let mut back = String::new();
+        std::io::Seek::rewind(&mut f).unwrap();
+        std::io::Read::read_to_string(&mut f, &mut back).unwrap();
+        assert_eq!(back, format!("kept {round}+more"));
+        assert!(names(&a).is_empty() && names(&b).is_empty(), "round {round}");
+    }
+}
+
+#[test]
 fn an_fsynced_directory_keeps_what_a_mount_made_alone_after_it_dies() {
     let dev = Dev::start(3, 3);
     let doomed = Mount::new(&dev, "doomed");

@@ -5,7 +5,7 @@
 //! ```text
 //!  AllocInodes{count} --> NextInode advances by count --> reservation(session) = [first, end)
 //!  Batch{ops} --> each op in its own overlay: Create (ino from the reservation, in
-//!                 increasing order) | Remove (unlink or rmdir) | Rename | Release
+//!                 increasing order) | Remove (unlink or rmdir) | Rename | Open | Release
 //! ```
 //!
 //! An inode number is used once: a create must take a number above every number the
@@ -119,6 +119,7 @@ fn apply_one(kv: &mut impl KvWrite, session: SessionId, op: &BatchOp) -> Result<
             super::rename::rename(kv, from, to, 0, *at).map(drop)
         }
         BatchOp::Release { ino } => super::session::release(kv, session, *ino).map(drop),
+        BatchOp::Open { ino } => super::session::open_file(kv, session, *ino).map(drop),
     }
 }
 
@@ -268,6 +269,16 @@ mod tests {
         assert!(matches!(run(&mut fs, vec![dir_open])[0], Err(FsError::Invalid(_))));
         let rmdir_file = BatchOp::Remove { parent: ROOT, name: b"x".to_vec(), dir: true, at };
         assert_eq!(run(&mut fs, vec![rmdir_file]), vec![Err(FsError::NotFound)]);
+        // A batched open keeps a file as an orphan like any open; one of a file that is
+        // gone fails alone.
+        let g = InodeId(first.0 + 2);
+        let made = node(g, Place { parent: ROOT, name: b"g" }, FileKind::File, false, at);
+        let remove_g = BatchOp::Remove { parent: ROOT, name: b"g".to_vec(), dir: false, at };
+        let ops = vec![made, BatchOp::Open { ino: g }, remove_g, BatchOp::Open { ino: first }];
+        assert_eq!(run(&mut fs, ops), vec![Ok(()), Ok(()), Ok(()), Err(FsError::NotFound)]);
+        assert_eq!(fs.getattr(g).unwrap().nlink, 0, "kept while open");
+        assert_eq!(run(&mut fs, vec![BatchOp::Release { ino: g }]), vec![Ok(())]);
+        assert_eq!(fs.getattr(g), Err(FsError::NotFound));
         for count in [0, INODE_RESERVATION_MAX + 1] {
             assert!(matches!(fs.call(MetaOp::AllocInodes { count }), Err(FsError::Invalid(_))));
         }
