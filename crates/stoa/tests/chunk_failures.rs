@@ -1,7 +1,8 @@
 //! The data path under chunk-server failures, on real processes: a stopped server leaves
 //! its chains and wakes up unable to serve or accept anything stale; a server gone too
 //! long has its replicas rebuilt on the others, and its old copies are swept when it
-//! returns; a flipped byte on disk is found by the scrubber and repaired from a peer.
+//! returns; a flipped byte on disk is found by the scrubber and repaired from a peer; a
+//! full cluster answers ENOSPC, keeps what it had and takes writes again once files go.
 
 mod common;
 
@@ -236,4 +237,66 @@ fn a_flipped_byte_on_disk_is_found_and_repaired_by_the_scrubber() {
         sum("corrupt_found") >= 1 && sum("corrupt_repaired") >= 1
     });
     dev.stop();
+}
+
+/// Bytes available to an unprivileged writer on the filesystem holding `path`.
+fn free_bytes(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs(3) fills the zeroed struct it is given; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", path.display());
+    st.f_bavail * st.f_frsize
+}
+
+#[test]
+fn a_full_cluster_answers_enospc_keeps_what_it_had_and_takes_writes_after_a_delete() {
+    // Every chunk server keeps all but `room` of this machine's free space, so the three
+    // of them (one disk here) fill up after about a third of `room` of file data.
+    let room: u64 = 300 << 20;
+    let free = free_bytes(&std::env::temp_dir());
+    assert!(free > room + (1 << 30), "this test needs more than 1.3 GiB free, not {free}");
+    let reserve = format!("--reserve-bytes={}", free - room);
+    let dev = Dev::start_with(3, 3, &[&reserve]);
+    let kept = dev.mnt.join("kept");
+    write_synced(&kept, 7, CHUNK_BYTES);
+
+    // Fill it from a thread, so that a hang fails the test instead of stalling it.
+    let big = dev.mnt.join("big");
+    let (done, finished) = std::sync::mpsc::channel();
+    let fill = big.clone();
+    std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&fill).unwrap();
+        let piece = pattern(9, 0, 1 << 20);
+        let mut written = 0u64;
+        let result = loop {
+            if let Err(e) = f.write_all(&piece).and_then(|()| f.sync_data()) {
+                break Err((written, e));
+            }
+            written += piece.len() as u64;
+            if written > room {
+                break Ok(written);
+            }
+        };
+        let _ = done.send(result);
+    });
+    let result = finished.recv_timeout(Duration::from_secs(120)).expect("filling hung");
+    let (written, err) = result.expect_err("wrote more than the room left without an error");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "filling failed with {err}, not ENOSPC");
+    eprintln!("full after {} MiB of file data: {err}", written >> 20);
+
+    // Full, it still serves reads, and what was fsynced before is intact.
+    assert_eq!(std::fs::read(&kept).unwrap(), pattern(7, 0, CHUNK_BYTES));
+    assert!(dev.status()["meta"]["leader"].as_u64().is_some(), "no meta leader while full");
+
+    // Deleting frees the space on every replica, and writes work again.
+    std::fs::remove_file(&big).unwrap();
+    let freed = Instant::now();
+    let after = dev.mnt.join("after");
+    eventually(90, "a write succeeds again after the delete", || {
+        let mut f = std::fs::File::create(&after).unwrap();
+        f.write_all(&pattern(3, 0, CHUNK_BYTES)).and_then(|()| f.sync_all()).is_ok()
+    });
+    eprintln!("writes work again {:.1} s after the delete", freed.elapsed().as_secs_f64());
+    assert_eq!(std::fs::read(&after).unwrap(), pattern(3, 0, CHUNK_BYTES));
+    assert_eq!(std::fs::read(&kept).unwrap(), pattern(7, 0, CHUNK_BYTES));
 }
