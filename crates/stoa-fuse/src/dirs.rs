@@ -1,43 +1,76 @@
 //! Open directory streams.
 //!
-//! A stream keeps every entry it has listed so far, fetched page by page from meta in
-//! name order. The FUSE offset of an entry is its position in the stream (after `.` and
-//! `..`), so entries created or removed while a reader walks the directory never shift
-//! the offsets it already holds; a rewind to offset 0 starts a fresh listing.
+//! A stream walks the directory page by page from meta in name order, and keeps only the
+//! entries the kernel may still ask for: those from the offset of its last request on
+//! (a request at offset `o` means it took everything before). The FUSE offset of an
+//! entry is its position in the stream (after `.` and `..`), so entries created or
+//! removed while a reader walks the directory never shift the offsets it already holds.
+//! A request before the kept entries (`seekdir` back) lists again from the start; a
+//! rewind to offset 0 starts a fresh listing.
 
+use std::collections::VecDeque;
 use stoa_client::{Client, DirEntry, FsError, InodeId};
 
-/// Entries fetched from meta per page.
-const PAGE_ENTRIES: u32 = 256;
+/// Entries fetched from meta in the first page: most directories are small.
+const FIRST_PAGE_ENTRIES: u32 = 256;
+/// Pages double up to this many entries (meta's own limit), so a large directory costs
+/// a few dozen calls, not one per 256 entries.
+const PAGE_ENTRIES_MAX: u32 = 4096;
 
 pub struct DirStream {
     ino: InodeId,
-    entries: Vec<DirEntry>,
-    /// Whether meta has more entries after the last one fetched.
+    /// Stream position of `kept[0]`.
+    start: usize,
+    kept: VecDeque<DirEntry>,
+    /// The name of the last entry fetched: the next page starts after it.
+    last: Vec<u8>,
+    /// Whether meta has more entries after `last`.
     more: bool,
+    page: u32,
 }
 
 impl DirStream {
     pub fn new(ino: InodeId) -> DirStream {
-        DirStream { ino, entries: Vec::new(), more: true }
+        DirStream {
+            ino,
+            start: 0,
+            kept: VecDeque::new(),
+            last: Vec::new(),
+            more: true,
+            page: FIRST_PAGE_ENTRIES,
+        }
     }
 
     /// Forgets what was listed, so the next entries come fresh from meta.
     pub fn rewind(&mut self) {
-        self.entries.clear();
-        self.more = true;
+        *self = DirStream::new(self.ino);
+    }
+
+    /// The kernel took every entry before position `i`: they are dropped.
+    pub fn taken(&mut self, i: usize) {
+        let n = i.saturating_sub(self.start).min(self.kept.len());
+        self.kept.drain(..n);
+        self.start += n;
     }
 
     /// The `i`-th entry of the stream (not counting `.` and `..`), fetching pages as
     /// needed; `None` past the end.
     pub async fn entry(&mut self, client: &Client, i: usize) -> Result<Option<&DirEntry>, FsError> {
-        while i >= self.entries.len() && self.more {
-            let after = self.entries.last().map(|e| e.name.clone()).unwrap_or_default();
-            let (page, more) = client.readdir(self.ino, &after, PAGE_ENTRIES).await?;
+        if i < self.start {
+            self.rewind();
+        }
+        while i >= self.start + self.kept.len() && self.more {
+            // Entries before `i` are only passed over (a seek forward, or after a rewind).
+            self.taken(i);
+            let (page, more) = client.readdir(self.ino, &self.last, self.page).await?;
+            self.page = (self.page * 2).min(PAGE_ENTRIES_MAX);
             // An empty page that claims more would loop forever; treat it as the end.
             self.more = more && !page.is_empty();
-            self.entries.extend(page);
+            if let Some(e) = page.last() {
+                self.last = e.name.clone();
+            }
+            self.kept.extend(page);
         }
-        Ok(self.entries.get(i))
+        Ok(self.kept.get(i - self.start))
     }
 }

@@ -529,6 +529,7 @@ impl Filesystem for StoaFs {
                 stream.rewind();
             }
             let mut at = offset as usize;
+            stream.taken(at.saturating_sub(2));
             loop {
                 let (node, kind, name) = match at {
                     0 => (i, fuser::FileType::Directory, b".".to_vec()),

@@ -86,11 +86,45 @@ fn directories(m: &Path) {
     names.sort();
     assert_eq!(names.len(), 3000);
     assert_eq!(names[2999], "entry-02999");
+    seek_back(&d, 3002);
     assert_eq!(std::fs::remove_dir(&d).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
     std::fs::remove_dir_all(&d).unwrap();
     assert!(!d.exists());
     std::fs::create_dir_all(m.join("x/y/z")).unwrap();
     assert_eq!(std::fs::metadata(m.join("x")).unwrap().nlink(), 3);
+}
+
+/// Lists `dir` (`total` entries with `.` and `..`) remembering `telldir` before each
+/// entry, then `seekdir`s back to entries read long before: each comes again.
+fn seek_back(dir: &Path, total: usize) {
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: plain libc directory calls on a stream this function opens and closes; an
+    // entry is read before the next call on the stream.
+    unsafe {
+        let stream = libc::opendir(path.as_ptr());
+        assert!(!stream.is_null(), "opendir {}", dir.display());
+        let name = |e: *mut libc::dirent| {
+            std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_string_lossy().into_owned()
+        };
+        let (mut seen, mut marks) = (Vec::new(), Vec::new());
+        loop {
+            let mark = libc::telldir(stream);
+            let e = libc::readdir(stream);
+            if e.is_null() {
+                break;
+            }
+            marks.push(mark);
+            seen.push(name(e));
+        }
+        assert_eq!(seen.len(), total);
+        for k in [total - 3, 10, total / 2, 2] {
+            libc::seekdir(stream, marks[k]);
+            let e = libc::readdir(stream);
+            assert!(!e.is_null(), "nothing after seekdir to entry {k}");
+            assert_eq!(name(e), seen[k], "seekdir to entry {k}");
+        }
+        libc::closedir(stream);
+    }
 }
 
 fn names(m: &Path) {

@@ -298,32 +298,36 @@ pub fn meta(ctx: &Ctx, workers: u64, files: u64, dirs: u64) -> anyhow::Result<Ve
     let few = format!("{dirs} dirs");
     let stat = |_, i| std::fs::metadata(f(i)).with_context(|| format!("stat f{i}")).map(drop);
     let mut out = vec![
-        phase(ctx, &gap, ("create", &many), workers, files, &|_, i| create_empty(&f(i)))?,
-        phase(ctx, &gap, ("stat", &many), workers, files, &stat)?,
-        phase(ctx, &gap, ("rename", &many), workers, files, &|_, i| {
+        phase(ctx, &gap, &d, ("create", &many), workers, files, &|_, i| create_empty(&f(i)))?,
+        phase(ctx, &gap, &d, ("stat", &many), workers, files, &stat)?,
+        phase(ctx, &gap, &d, ("rename", &many), workers, files, &|_, i| {
             std::fs::rename(f(i), r(i)).with_context(|| format!("rename f{i}"))
         })?,
     ];
     if workers == 1 {
         out.push(readdir(ctx, &d, files, &gap)?);
     }
-    out.push(phase(ctx, &gap, ("unlink", &many), workers, files, &|_, i| {
+    out.push(phase(ctx, &gap, &d, ("unlink", &many), workers, files, &|_, i| {
         std::fs::remove_file(r(i)).with_context(|| format!("unlink r{i}"))
     })?);
     let sub = |i: u64| d.join(format!("d{i}"));
-    out.push(phase(ctx, &gap, ("mkdir", &few), workers, dirs, &|_, i| {
+    out.push(phase(ctx, &gap, &d, ("mkdir", &few), workers, dirs, &|_, i| {
         std::fs::create_dir(sub(i)).with_context(|| format!("mkdir d{i}"))
     })?);
-    out.push(phase(ctx, &gap, ("rmdir", &few), workers, dirs, &|_, i| {
+    out.push(phase(ctx, &gap, &d, ("rmdir", &few), workers, dirs, &|_, i| {
         std::fs::remove_dir(sub(i)).with_context(|| format!("rmdir d{i}"))
     })?);
     Ok(out)
 }
 
-/// One timed metadata phase: `n` operations `op` over `workers` threads, as ops/s.
+/// One timed metadata phase in `dir`: `n` operations `op` over `workers` threads, as
+/// ops/s. It ends with an fsync of `dir`, timed with it: what a client answered and
+/// still has to send (a batch of creates) counts to the phase that made it, not to the
+/// next one, and the figure is of changes on meta's disks.
 fn phase(
     ctx: &Ctx,
     gap: &GapClock,
+    dir: &Path,
     (name, what): (&str, &str),
     workers: u64,
     n: u64,
@@ -331,6 +335,11 @@ fn phase(
 ) -> anyhow::Result<Sample> {
     let who = if workers == 1 { "1 worker".to_string() } else { format!("{workers} workers") };
     let elapsed = parallel(&format!("{name}, {who}"), workers, n, ctx, gap, op)?;
+    let synced = Instant::now();
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("fsync {}", dir.display()))?;
+    let elapsed = elapsed + synced.elapsed();
     let label = format!("{name} ({what}), {who}");
     Ok(ctx.sample(format!("{name}.w{workers}"), label, "ops/s", rate(n, elapsed), gap))
 }
