@@ -11,8 +11,8 @@
 use std::collections::VecDeque;
 use stoa_client::{Client, DirEntry, FsError, InodeId};
 
-/// Entries fetched from meta in the first page: most directories are small.
-const FIRST_PAGE_ENTRIES: u32 = 256;
+/// Entries fetched from meta in the first page: most directories fit in it whole.
+const FIRST_PAGE_ENTRIES: u32 = 1024;
 /// Pages double up to this many entries (meta's own limit), so a large directory costs
 /// a few dozen calls, not one per 256 entries.
 const PAGE_ENTRIES_MAX: u32 = 4096;
