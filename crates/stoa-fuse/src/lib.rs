@@ -45,7 +45,7 @@ pub struct MountConfig {
 /// How long shutdown waits for the kernel to end the session after the unmount.
 const SESSION_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Threads reading the FUSE device; a request that has to wait goes on to tokio.
-const FUSE_THREADS: usize = 4;
+const FUSE_THREADS: usize = 2;
 
 /// Mounts the cluster at `cfg.mountpoint` and serves it until `shutdown` resolves (then
 /// flushes every file, unmounts and returns) or the filesystem is unmounted from
