@@ -260,12 +260,13 @@ impl Client {
     /// Takes back queued change `number` if it has not left yet; whether it had not.
     pub(crate) fn cancel_queued(&self, number: u64) -> bool {
         let mut q = self.sh.dirops.queue.lock().expect("dirops queue lock poisoned");
-        match q.ops.iter_mut().find(|q| q.number == number) {
-            Some(q) => {
-                q.cancelled = true;
+        // Numbered under the queue's lock: the queue is in number order.
+        match q.ops.binary_search_by_key(&number, |q| q.number) {
+            Ok(i) => {
+                q.ops[i].cancelled = true;
                 true
             }
-            None => false,
+            Err(_) => false,
         }
     }
 

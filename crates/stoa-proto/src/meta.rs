@@ -263,7 +263,8 @@ pub enum MetaOp {
     },
 }
 
-/// One namespace change of a [`MetaOp::Batch`].
+/// One namespace change of a [`MetaOp::Batch`]. The variant order is part of the
+/// protocol and of the Raft log on disk: append only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BatchOp {
     /// A new inode `ino` (from the session's reservation, taken in increasing order)
@@ -287,13 +288,13 @@ pub enum BatchOp {
     Remove { parent: InodeId, name: Vec<u8>, dir: bool, at: Timestamp },
     /// The session closed its last handle of `ino`, as [`MetaOp::Release`].
     Release { ino: InodeId },
+    /// Renames `parent/name` to `new_parent/new_name`, replacing what is there, as
+    /// [`MetaOp::Rename`] without flags.
+    Rename { parent: InodeId, name: Vec<u8>, new_parent: InodeId, new_name: Vec<u8>, at: Timestamp },
     /// The session opened `ino`, as [`MetaOp::Open`]: sent in a batch only for a file
     /// whose one name lies in a directory the session holds exclusively, so that no
     /// other session can take that name before the batch applies.
     Open { ino: InodeId },
-    /// Renames `parent/name` to `new_parent/new_name`, replacing what is there, as
-    /// [`MetaOp::Rename`] without flags.
-    Rename { parent: InodeId, name: Vec<u8>, new_parent: InodeId, new_name: Vec<u8>, at: Timestamp },
 }
 
 /// A directory taken by [`MetaOp::TakeDir`]: its attributes, the grant's sequence

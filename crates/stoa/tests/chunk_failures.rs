@@ -7,7 +7,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{eventually, pattern, Dev};
+use common::{eventually, pattern, statvfs, Dev};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -239,21 +239,13 @@ fn a_flipped_byte_on_disk_is_found_and_repaired_by_the_scrubber() {
     dev.stop();
 }
 
-/// Bytes available to an unprivileged writer on the filesystem holding `path`.
-fn free_bytes(path: &Path) -> u64 {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: statvfs(3) fills the zeroed struct it is given; `c` is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", path.display());
-    st.f_bavail * st.f_frsize
-}
-
 #[test]
 fn a_full_cluster_answers_enospc_keeps_what_it_had_and_takes_writes_after_a_delete() {
     // Every chunk server keeps all but `room` of this machine's free space, so the three
     // of them (one disk here) fill up after about a third of `room` of file data.
     let room: u64 = 300 << 20;
-    let free = free_bytes(&std::env::temp_dir());
+    let st = statvfs(&std::env::temp_dir());
+    let free = st.f_bavail * st.f_frsize;
     assert!(free > room + (1 << 30), "this test needs more than 1.3 GiB free, not {free}");
     let reserve = format!("--reserve-bytes={}", free - room);
     let dev = Dev::start_with(3, 3, &[&reserve]);

@@ -9,12 +9,19 @@ mod common;
 use common::{Dev, Mount};
 use std::collections::BTreeSet;
 use std::os::unix::fs::{symlink, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The names in `dir`, sorted.
 fn names(dir: &Path) -> BTreeSet<String> {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display()));
     entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+/// Round `round`'s directory, made on the cluster's own mount: as A sees it, as B does.
+fn round_dirs(dev: &Dev, other: &Mount, round: u32) -> (PathBuf, PathBuf) {
+    let (a, b) = (dev.mnt.join(format!("r{round}")), other.path.join(format!("r{round}")));
+    std::fs::create_dir(&a).unwrap();
+    (a, b)
 }
 
 fn set(names: &[String]) -> BTreeSet<String> {
@@ -26,8 +33,7 @@ fn changes_one_mount_made_alone_are_seen_by_another_at_once() {
     let dev = Dev::start(3, 3);
     let other = Mount::new(&dev, "mnt2");
     for round in 0..12 {
-        let (a, b) = (dev.mnt.join(format!("r{round}")), other.path.join(format!("r{round}")));
-        std::fs::create_dir(&a).unwrap();
+        let (a, b) = round_dirs(&dev, &other, round);
         let mut expect: Vec<String> = Vec::new();
         for i in 0..30 {
             let name = format!("f{i}");
@@ -74,8 +80,7 @@ fn a_file_a_mount_made_alone_and_opened_again_outlives_its_unlink_on_another_mou
     let dev = Dev::start(3, 3);
     let other = Mount::new(&dev, "mnt2");
     for round in 0..10 {
-        let (a, b) = (dev.mnt.join(format!("r{round}")), other.path.join(format!("r{round}")));
-        std::fs::create_dir(&a).unwrap();
+        let (a, b) = round_dirs(&dev, &other, round);
         std::fs::write(a.join("kept"), format!("kept {round}")).unwrap();
         // The release of that handle reaches meta: the next open is a new one.
         std::fs::File::open(&a).unwrap().sync_all().unwrap();

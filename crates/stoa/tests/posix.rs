@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{pattern, sh, Dev};
+use common::{pattern, sh, statvfs, Dev};
 use std::ffi::CString;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -97,7 +97,7 @@ fn directories(m: &Path) {
 /// Lists `dir` (`total` entries with `.` and `..`) remembering `telldir` before each
 /// entry, then `seekdir`s back to entries read long before: each comes again.
 fn seek_back(dir: &Path, total: usize) {
-    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let path = c(dir);
     // SAFETY: plain libc directory calls on a stream this function opens and closes; an
     // entry is read before the next call on the stream.
     unsafe {
@@ -189,8 +189,7 @@ fn attributes(m: &Path) {
         assert_eq!(libc::removexattr(c(&f).as_ptr(), name.as_ptr()), 0);
         let n = libc::getxattr(c(&f).as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16);
         assert_eq!(n, -1);
-        let mut st: libc::statvfs = std::mem::zeroed();
-        assert_eq!(libc::statvfs(c(m).as_ptr(), &mut st), 0);
+        let st = statvfs(m);
         assert!(st.f_blocks > 0 && st.f_bavail > 0, "statfs reports no space");
     }
 }

@@ -48,7 +48,7 @@ openraft::declare_raft_types!(
         SnapshotData = Cursor<Vec<u8>>,
 );
 
-/// Timing and log-compaction knobs. The defaults give about a second of failover and
+/// Timing and log-compaction knobs. The defaults give about half a second of failover and
 /// keep the log short; tests shrink the compaction numbers.
 #[derive(Clone, Debug)]
 pub(crate) struct Tuning {

@@ -26,6 +26,15 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }
 
+/// `statvfs(3)` of the filesystem holding `path`.
+pub fn statvfs(path: &Path) -> libc::statvfs {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs(3) fills the zeroed struct it is given; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", path.display());
+    st
+}
+
 /// Polls `check` until it holds or `secs` pass.
 pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
