@@ -363,10 +363,10 @@ impl Client {
         Ok(offset)
     }
 
-    /// Sends the buffered writes of the handle's file and waits for them (a close).
+    /// Sends the buffered writes of the handle's file and waits for them.
     pub async fn flush(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
-        handle.file.close_flush(&self.sh, &handle.errors).await?;
+        handle.file.flush(&self.sh, &handle.errors).await?;
         self.check_session(&handle)
     }
 

@@ -392,32 +392,8 @@ impl FileState {
         seen.check(&self.lock(), false)
     }
 
-    /// A close's flush: as [`FileState::flush`], except that while this client holds
-    /// the file exclusively it waits only until the chain applied every write, and the
-    /// size goes on to meta behind it. Nobody else can see the file before it is there:
-    /// another client must recall the cap first, and a recall waits for the commit, as
-    /// fsync and unmount do.
-    pub async fn close_flush(
-        self: &Arc<Self>,
-        sh: &Arc<Shared>,
-        seen: &ErrorCursor,
-    ) -> Result<(), FsError> {
-        if sh.caps.owns(self.ino).is_none() {
-            return self.flush(sh, seen).await;
-        }
-        self.push_out(sh);
-        self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
-        seen.check(&self.lock(), false)
-    }
-
     /// Sends everything buffered and waits until nothing is queued or in flight.
     async fn drain(self: &Arc<Self>, sh: &Arc<Shared>) {
-        self.push_out(sh);
-        self.wait_until(|inner| inner.is_idle()).await;
-    }
-
-    /// Queues everything buffered for the chain and starts sending it.
-    fn push_out(self: &Arc<Self>, sh: &Arc<Shared>) {
         {
             let mut inner = self.lock();
             for extent in inner.buffer.take_all() {
@@ -425,6 +401,7 @@ impl FileState {
             }
         }
         self.pump(sh);
+        self.wait_until(|inner| inner.is_idle()).await;
     }
 
     /// Flushes for a caller without a handle (setattr, locks, unmount): reports only
