@@ -8,20 +8,21 @@
 //!                                                         +--> after ~30 s: EIO
 //! ```
 //!
-//! Writes carry no version: the head assigns it. A write retried after a lost reply
-//! writes the same bytes at the same place again, which leaves the chunk as the first
-//! attempt did.
+//! Writes carry no version: the head assigns it. Each write or truncate carries a write
+//! id (this session, a number never used before), the same on every attempt, so a
+//! retry after a lost reply is recognised by the chain and never applied twice, which
+//! matters when another client wrote the same bytes in between.
 
 use crate::chains::ChainCache;
 use crate::session::Session;
 use bytes::Bytes;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoa_net::Pool;
 use stoa_proto::{ChunkOp, ChunkRequest, ChunkResponse, Request, Response};
-use stoa_types::{Chain, ChainTable, ChunkId, FsError};
+use stoa_types::{Chain, ChainTable, ChunkId, FsError, WriteId};
 
 /// How long a chunk call keeps retrying before the application sees EIO.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -46,11 +47,19 @@ pub(crate) struct ChunkIo {
     chains: ChainCache,
     /// Rotates the first replica tried, so reads spread over a chain.
     spread: AtomicUsize,
+    /// The last write id number handed out in this process (see [`WriteId`]).
+    writes: AtomicU64,
 }
 
 impl ChunkIo {
     pub fn new(pool: Pool, session: Arc<Session>, chains: ChainCache) -> ChunkIo {
-        ChunkIo { pool, session, chains, spread: AtomicUsize::new(0) }
+        ChunkIo { pool, session, chains, spread: AtomicUsize::new(0), writes: AtomicU64::new(0) }
+    }
+
+    /// A new write id: every attempt of one mutation carries the same one.
+    fn write_id(&self) -> Option<WriteId> {
+        let seq = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        Some(WriteId { session: self.session.id(), seq })
     }
 
     /// Writes `data`, the bytes of `ranges` (`(offset, len)` in the chunk) back to back,
@@ -63,11 +72,13 @@ impl ChunkIo {
         data: Bytes,
         deadline: Deadline<'_>,
     ) -> Result<(), FsError> {
+        let id = self.write_id();
         let op = match ranges.len() {
             1 => {
-                ChunkOp::Write { chunk, offset: ranges.pop().expect("one range").0, version: None }
+                let offset = ranges.pop().expect("one range").0;
+                ChunkOp::Write { chunk, offset, version: None, id }
             }
-            _ => ChunkOp::WriteRanges { chunk, ranges, version: None },
+            _ => ChunkOp::WriteRanges { chunk, ranges, version: None, id },
         };
         self.to_head("write", chunk, op, data, deadline).await.map(|_| ())
     }
@@ -80,7 +91,7 @@ impl ChunkIo {
         len: u32,
         deadline: Deadline<'_>,
     ) -> Result<(), FsError> {
-        let op = ChunkOp::Truncate { chunk, len, version: None };
+        let op = ChunkOp::Truncate { chunk, len, version: None, id: self.write_id() };
         match self.to_head("truncate", chunk, op, Bytes::new(), deadline).await {
             Ok(_) | Err(FsError::NotFound) => Ok(()),
             Err(e) => Err(e),

@@ -303,7 +303,7 @@ async fn delete_chunks(
         let req = Request::Chunk(ChunkRequest {
             chain: chain.id,
             chain_version: chain.version,
-            op: ChunkOp::Truncate { chunk, len: 0, version: None },
+            op: ChunkOp::Truncate { chunk, len: 0, version: None, id: None },
             deadline_ms: 0,
         });
         let pool = node.pool.clone();

@@ -4,7 +4,7 @@
 //! Chunk data travels as the frame payload, never inside the message head.
 
 use serde::{Deserialize, Serialize};
-use stoa_types::{ChainId, ChunkId};
+use stoa_types::{ChainId, ChunkId, WriteId, WriteRecord};
 
 /// One request to a chunk server. `chain` and `chain_version` name the chain the caller
 /// believes holds the chunk; a server whose chain table has another version refuses the
@@ -32,27 +32,37 @@ pub enum ChunkOp {
     /// Writes the payload at `offset` of the chunk. A client sends it to the chain head
     /// with `version: None`; the head assigns the chunk's next version and forwards the
     /// write down the chain with it. Acknowledged when the whole chain has applied it.
-    Write { chunk: ChunkId, offset: u32, version: Option<u64> },
+    /// `id` names the client's mutation (the same on every attempt, and forwarded down
+    /// the chain): a head that already applied it answers with that version instead of
+    /// applying it again. `None` for mutations that are idempotent anyway (meta's).
+    Write { chunk: ChunkId, offset: u32, version: Option<u64>, id: Option<WriteId> },
     /// Reads up to `len` bytes at `offset`. The answer's payload is shorter when the chunk
     /// ends first; the caller reads the missing tail as zeros (a hole).
     Read { chunk: ChunkId, offset: u32, len: u32 },
     /// Cuts the chunk to `len` bytes (0 removes it). Replicated like a write.
-    Truncate { chunk: ChunkId, len: u32, version: Option<u64> },
+    Truncate { chunk: ChunkId, len: u32, version: Option<u64>, id: Option<WriteId> },
     /// Makes every earlier write to these chunks durable on every server of the chain.
     Sync { chunks: Vec<ChunkId> },
-    /// Lists the chunks of the chain this server holds, with their versions and lengths.
+    /// Lists the chunks of the chain this server holds (see [`ChunkListing`]).
     ListChunks,
     /// Reads a whole chunk with its version, for a resyncing peer.
     FetchChunk { chunk: ChunkId },
     /// Replaces the whole chunk with the payload at `version`, unless the receiver already
     /// has `version` or newer. A chain member sends it down the chain when its successor
     /// reports a version gap (it missed a write), and a resync uses it to copy a chunk.
-    Install { chunk: ChunkId, version: u64 },
+    /// `writes` are the sender's remembered mutations of the chunk, so a copy still
+    /// recognises a retry of a write it got this way.
+    Install { chunk: ChunkId, version: u64, writes: Vec<WriteRecord> },
     /// Writes several ranges of one chunk as one new version: the payload holds the
     /// ranges' bytes back to back, `ranges` their `(offset, len)` in the order they are
     /// applied. Replicated like `Write`, so many small writes to one chunk cost one pass
     /// down the chain.
-    WriteRanges { chunk: ChunkId, ranges: Vec<(u32, u32)>, version: Option<u64> },
+    WriteRanges {
+        chunk: ChunkId,
+        ranges: Vec<(u32, u32)>,
+        version: Option<u64>,
+        id: Option<WriteId>,
+    },
 }
 
 impl ChunkOp {
@@ -80,10 +90,23 @@ pub enum ChunkResponse {
     },
     /// Data follows as the payload.
     Data,
-    /// `(chunk, version, length in bytes)` of every chunk listed.
-    Chunks(Vec<(ChunkId, u64, u32)>),
-    /// A whole chunk follows as the payload.
+    Chunks(Vec<ChunkListing>),
+    /// A whole chunk follows as the payload, with its remembered mutations.
     Chunk {
         version: u64,
+        writes: Vec<WriteRecord>,
     },
+}
+
+/// One chunk a server holds, as `ListChunks` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkListing {
+    pub chunk: ChunkId,
+    pub version: u64,
+    pub len: u32,
+    /// CRC32C over the chunk's block checksums: replicas at the same version with other
+    /// bytes (a write applied only by a head that died, then another write given the same
+    /// version by the new head) differ here, so a resync copies them instead of keeping
+    /// bytes nobody acknowledged.
+    pub digest: u32,
 }

@@ -141,7 +141,7 @@ pub fn decode_head<T: DeserializeOwned>(
 mod tests {
     use super::*;
     use crate::{ChunkOp, ChunkRequest, MetaOp, MetaRequest, Request};
-    use stoa_types::{ChainId, ChunkId, InodeId, RequestId, SessionId};
+    use stoa_types::{ChainId, ChunkId, InodeId, RequestId, SessionId, WriteId};
 
     fn split(frame: &[u8]) -> ([u8; FRAME_HEADER_LEN], &[u8]) {
         let mut raw = [0u8; FRAME_HEADER_LEN];
@@ -158,6 +158,7 @@ mod tests {
                 chunk: ChunkId { ino: InodeId(5), index: 1 },
                 offset: 4096,
                 version: None,
+                id: Some(WriteId { session: SessionId(3), seq: 12 }),
             },
             deadline_ms: 1_790_000_000_000,
         });

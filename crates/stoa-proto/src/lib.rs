@@ -20,7 +20,7 @@ mod chunk;
 mod frame;
 mod meta;
 
-pub use chunk::{ChunkOp, ChunkRequest, ChunkResponse};
+pub use chunk::{ChunkListing, ChunkOp, ChunkRequest, ChunkResponse};
 pub use frame::{
     decode_head, encode_frame, FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN, HEAD_LEN_MAX,
     PAYLOAD_LEN_MAX,
@@ -41,7 +41,9 @@ use stoa_types::FsError;
 /// heartbeat answers carry the replica count.
 /// 3: `CapEvents` polls and answers carry the leader term; chunk requests carry a
 /// client's write deadline.
-pub const PROTOCOL_VERSION: u8 = 3;
+/// 4: chunk mutations carry a write id and `Install`/`FetchChunk` the remembered ones;
+/// `ListChunks` answers a content digest per chunk.
+pub const PROTOCOL_VERSION: u8 = 4;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

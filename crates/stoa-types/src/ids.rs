@@ -88,6 +88,30 @@ impl std::str::FromStr for ChunkId {
     }
 }
 
+/// One client mutation of a chunk: the session that made it and a number the client
+/// never uses twice in that session. Every attempt of a chunk write or truncate carries
+/// the same id, and every replica remembers the ids of the last few mutations it applied
+/// to a chunk, so a retry after a lost reply is answered with the first attempt's version
+/// instead of being applied again (possibly over another client's later write).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WriteId {
+    pub session: SessionId,
+    pub seq: u64,
+}
+
+impl fmt::Display for WriteId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.session, self.seq)
+    }
+}
+
+/// A mutation a replica applied: its id and the chunk version it made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteRecord {
+    pub id: WriteId,
+    pub version: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,9 @@ mod ids;
 pub use attr::{Attr, DirEntry, FileKind, SetAttr, SetTime, StatFs, Timestamp};
 pub use chain::{Chain, ChainTable, ChunkNode};
 pub use error::FsError;
-pub use ids::{ChainId, ChunkId, ClusterId, InodeId, NodeId, RequestId, SessionId};
+pub use ids::{
+    ChainId, ChunkId, ClusterId, InodeId, NodeId, RequestId, SessionId, WriteId, WriteRecord,
+};
 
 /// Longest name of one directory entry, in bytes (as on Linux).
 pub const NAME_LEN_MAX: usize = 255;

@@ -78,7 +78,13 @@ mod tests {
 
     fn header(index: u64, blocks: usize) -> Header {
         let chunk = ChunkId { ino: InodeId(1), index };
-        Header { chunk, version: 1, len: (blocks * 4096) as u32, crcs: vec![7; blocks] }
+        Header {
+            chunk,
+            version: 1,
+            len: (blocks * 4096) as u32,
+            crcs: vec![7; blocks],
+            writes: vec![],
+        }
     }
 
     #[test]

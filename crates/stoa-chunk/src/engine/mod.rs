@@ -39,7 +39,8 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
-use stoa_types::{ChunkId, FsError};
+use stoa_proto::ChunkListing;
+use stoa_types::{ChunkId, FsError, WriteId, WriteRecord};
 
 /// The largest chunk the engine stores; a frame payload carries at most a little more.
 pub const CHUNK_LEN_MAX: u32 = 64 * 1024 * 1024;
@@ -55,14 +56,28 @@ pub enum Outcome {
     Applied(u64),
     /// Not applied, because the chunk already was at this version or newer.
     Skipped(u64),
+    /// Not applied at the head, because an earlier attempt of the same client mutation
+    /// (same [`WriteId`]) made `version`; the chunk is at `local` now.
+    Duplicate { version: u64, local: u64 },
 }
 
 impl Outcome {
+    /// The version this mutation made (for a duplicate, the one its first attempt made).
     pub fn version(self) -> u64 {
         match self {
-            Outcome::Applied(v) | Outcome::Skipped(v) => v,
+            Outcome::Applied(v) | Outcome::Skipped(v) | Outcome::Duplicate { version: v, .. } => v,
         }
     }
+}
+
+/// A whole chunk as [`Engine::fetch`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkCopy {
+    /// 0 when the chunk does not exist.
+    pub version: u64,
+    pub data: Vec<u8>,
+    /// The mutations the chunk remembers (see [`WriteId`]).
+    pub writes: Vec<WriteRecord>,
 }
 
 /// A chunk's header as found on disk.
@@ -96,6 +111,17 @@ fn admit(local: &Local, chunk: ChunkId, incoming: Option<u64>) -> Result<Option<
         (_, Some(v)) if local.version() >= v => Ok(None),
         (_, Some(v)) if local.version() + 1 == v => Ok(Some(v)),
         (_, Some(_)) => Err(FsError::Stale),
+    }
+}
+
+/// A client mutation arriving at the head (`incoming` None) that this chunk already
+/// applied: its outcome, so that a retry after a lost reply does not apply it again.
+fn duplicate(local: &Local, incoming: Option<u64>, id: Option<WriteId>) -> Option<Outcome> {
+    match (local, incoming, id) {
+        (Local::Present(h), None, Some(id)) => {
+            h.applied(id).map(|version| Outcome::Duplicate { version, local: h.version })
+        }
+        _ => None,
     }
 }
 
@@ -199,12 +225,17 @@ impl Engine {
         self.read_verified(chunk, &header, offset, len)
     }
 
-    /// The whole chunk and its version: `(0, empty)` when it does not exist.
-    pub fn fetch(&self, chunk: ChunkId) -> Result<(u64, Vec<u8>), FsError> {
+    /// The whole chunk with its version and remembered writes (version 0 and nothing
+    /// when it does not exist).
+    pub fn fetch(&self, chunk: ChunkId) -> Result<ChunkCopy, FsError> {
         let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
         match self.load(chunk)? {
-            Local::Absent => Ok((0, Vec::new())),
-            Local::Present(h) => Ok((h.version, self.read_verified(chunk, &h, 0, h.len)?)),
+            Local::Absent => Ok(ChunkCopy { version: 0, data: Vec::new(), writes: Vec::new() }),
+            Local::Present(h) => Ok(ChunkCopy {
+                version: h.version,
+                data: self.read_verified(chunk, &h, 0, h.len)?,
+                writes: h.writes,
+            }),
             Local::Corrupt(detail) => Err(FsError::Checksum(format!("chunk {chunk}: {detail}"))),
         }
     }
@@ -227,18 +258,20 @@ impl Engine {
     /// Writes `data` at `offset` under the version rule (see [`admit`]): at the head
     /// (`version: None`) as the next version, elsewhere only on top of `version - 1`.
     /// A gap is `Stale`; so is a damaged block at a successor, whose predecessor then
-    /// sends the whole chunk.
+    /// sends the whole chunk. A mutation `id` the chunk remembers is a `Duplicate` at the
+    /// head; an applied one is remembered.
     pub fn write(
         &self,
         chunk: ChunkId,
         offset: u32,
         data: &[u8],
         version: Option<u64>,
+        id: Option<WriteId>,
     ) -> Result<Outcome, FsError> {
         let len = u32::try_from(data.len()).map_err(|_| {
             FsError::Invalid(format!("chunk {chunk}: a write of {} bytes", data.len()))
         })?;
-        self.write_ranges(chunk, &[(offset, len)], data, version)
+        self.write_ranges(chunk, &[(offset, len)], data, version, id)
     }
 
     /// Writes several ranges as one version, like [`Engine::write`]: `data` holds the
@@ -250,6 +283,7 @@ impl Engine {
         ranges: &[(u32, u32)],
         data: &[u8],
         version: Option<u64>,
+        id: Option<WriteId>,
     ) -> Result<Outcome, FsError> {
         let total: u64 = ranges.iter().map(|&(_, len)| u64::from(len)).sum();
         if total != data.len() as u64 {
@@ -263,6 +297,9 @@ impl Engine {
         }
         let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
         let local = self.load(chunk)?;
+        if let Some(done) = duplicate(&local, version, id) {
+            return Ok(done);
+        }
         let Some(next) = admit(&local, chunk, version)? else {
             return Ok(Outcome::Skipped(local.version()));
         };
@@ -282,6 +319,7 @@ impl Engine {
             })?;
         }
         header.version = next;
+        header.remember(id, next);
         self.save_header(&paths, &header)?;
         Ok(Outcome::Applied(next))
     }
@@ -297,10 +335,14 @@ impl Engine {
         chunk: ChunkId,
         len: u32,
         version: Option<u64>,
+        id: Option<WriteId>,
     ) -> Result<Outcome, FsError> {
         check_extent(chunk, u64::from(len))?;
         let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
         let local = self.load(chunk)?;
+        if let Some(done) = duplicate(&local, version, id) {
+            return Ok(done);
+        }
         let paths = self.paths(chunk);
         if len == 0 {
             return match (&local, version) {
@@ -309,7 +351,12 @@ impl Engine {
                 (_, Some(v)) if local.version() >= v => Ok(Outcome::Skipped(local.version())),
                 _ => {
                     let next = version.unwrap_or(local.version() + 1);
-                    let tombstone = Header { version: next, ..Header::empty(chunk) };
+                    let writes = match &local {
+                        Local::Present(h) => h.writes.clone(),
+                        _ => Vec::new(),
+                    };
+                    let mut tombstone = Header { version: next, writes, ..Header::empty(chunk) };
+                    tombstone.remember(id, next);
                     std::fs::create_dir_all(&paths.dir)
                         .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
                     self.save_header(&paths, &tombstone)?;
@@ -334,6 +381,7 @@ impl Engine {
             self.shrink_header(chunk, &paths, &mut header, new_len)?;
         }
         header.version = next;
+        header.remember(id, next);
         self.save_header(&paths, &header)?;
         if new_len < old_len {
             // After the header: a crash in between leaves bytes past the end, never read.
@@ -347,11 +395,13 @@ impl Engine {
     /// `version` or newer and `force` is false. Version 0 means "absent": the chunk is
     /// removed. A resync forces, because the active member it copies from is the truth
     /// even when it is behind (a chunk deleted and written anew restarts at version 1).
+    /// `writes` are the source's remembered mutations, kept with the copy.
     pub fn install(
         &self,
         chunk: ChunkId,
         version: u64,
         data: &[u8],
+        writes: &[WriteRecord],
         force: bool,
     ) -> Result<Outcome, FsError> {
         check_extent(chunk, data.len() as u64)?;
@@ -372,7 +422,8 @@ impl Engine {
             .and_then(|_| std::fs::rename(&tmp, &paths.data))
             .map_err(|e| io_err(format!("install chunk {chunk}"), e))?;
         let crcs = data.chunks(BLOCK).map(crc32c::crc32c).collect();
-        let header = Header { chunk, version, len: data.len() as u32, crcs };
+        let header =
+            Header { chunk, version, len: data.len() as u32, crcs, writes: writes.to_vec() };
         self.save_header(&paths, &header)?;
         Ok(Outcome::Applied(version))
     }
@@ -414,11 +465,12 @@ impl Engine {
     /// Every chunk held, with its version (0 for a damaged header, so that a resync
     /// replaces it).
     pub fn list(&self) -> Result<Vec<(ChunkId, u64)>, FsError> {
-        Ok(self.list_sized()?.into_iter().map(|(chunk, version, _)| (chunk, version)).collect())
+        Ok(self.list_sized()?.into_iter().map(|l| (l.chunk, l.version)).collect())
     }
 
-    /// Every chunk held, with its version (as [`Engine::list`]) and length in bytes.
-    pub fn list_sized(&self) -> Result<Vec<(ChunkId, u64, u32)>, FsError> {
+    /// Every chunk held, with its version (as [`Engine::list`]), length in bytes and
+    /// content digest.
+    pub fn list_sized(&self) -> Result<Vec<ChunkListing>, FsError> {
         let mut out = Vec::new();
         let what = |p: &Path| format!("list {}", p.display());
         let fans =
@@ -435,14 +487,15 @@ impl Engine {
                 };
                 let Ok(chunk) = id.parse::<ChunkId>() else { continue };
                 let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
-                match self.load(chunk)? {
-                    Local::Absent => {}
-                    Local::Present(h) => out.push((chunk, h.version, h.len)),
-                    Local::Corrupt(_) => out.push((chunk, 0, 0)),
-                }
+                let (version, len, digest) = match self.load(chunk)? {
+                    Local::Absent => continue,
+                    Local::Present(h) => (h.version, h.len, h.digest()),
+                    Local::Corrupt(_) => (0, 0, 0),
+                };
+                out.push(ChunkListing { chunk, version, len, digest });
             }
         }
-        out.sort();
+        out.sort_by_key(|l| l.chunk);
         Ok(out)
     }
 

@@ -1,5 +1,6 @@
 use super::*;
-use stoa_types::InodeId;
+use stoa_types::WriteId;
+use stoa_types::{InodeId, SessionId};
 
 fn id(index: u64) -> ChunkId {
     ChunkId { ino: InodeId(0x42), index }
@@ -24,11 +25,12 @@ fn a_write_reads_back_and_a_missing_chunk_reads_empty() {
     let (_d, e) = engine();
     assert_eq!(e.read(id(0), 0, 100).unwrap(), Vec::<u8>::new());
     let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
-    assert_eq!(e.write(id(0), 0, &data, None).unwrap(), Outcome::Applied(1));
+    assert_eq!(e.write(id(0), 0, &data, None, None).unwrap(), Outcome::Applied(1));
     assert_eq!(e.read(id(0), 0, 20_000).unwrap(), data);
     assert_eq!(e.read(id(0), 4090, 20).unwrap(), &data[4090..4110]);
     assert_eq!(e.read(id(0), 10_000, 5).unwrap(), Vec::<u8>::new());
-    assert_eq!(e.fetch(id(0)).unwrap(), (1, data));
+    let copy = e.fetch(id(0)).unwrap();
+    assert_eq!((copy.version, copy.data), (1, data));
     assert_eq!(e.list().unwrap(), vec![(id(0), 1)]);
 }
 
@@ -36,11 +38,11 @@ fn a_write_reads_back_and_a_missing_chunk_reads_empty() {
 fn partial_block_writes_keep_their_neighbours() {
     let (_d, e) = engine();
     let mut model = vec![7u8; 9000];
-    e.write(id(1), 0, &model, None).unwrap();
+    e.write(id(1), 0, &model, None, None).unwrap();
     for (offset, len, byte) in
         [(100usize, 10usize, 1u8), (4090, 12, 2), (8999, 1, 3), (5000, 3000, 4)]
     {
-        e.write(id(1), offset as u32, &vec![byte; len], None).unwrap();
+        e.write(id(1), offset as u32, &vec![byte; len], None, None).unwrap();
         model[offset..offset + len].fill(byte);
         assert_eq!(e.read(id(1), 0, 9000).unwrap(), model);
     }
@@ -51,10 +53,10 @@ fn partial_block_writes_keep_their_neighbours() {
 fn ranges_apply_in_order_as_one_version() {
     let (_d, e) = engine();
     let mut model = vec![5u8; 9000];
-    e.write(id(1), 0, &model, None).unwrap();
+    e.write(id(1), 0, &model, None, None).unwrap();
     let ranges = [(4090u32, 10u32), (100, 3), (4095, 2), (12_000, 4)];
     let data: Vec<u8> = [&[1u8; 10][..], &[2u8; 3], &[3u8; 2], &[4u8; 4]].concat();
-    assert_eq!(e.write_ranges(id(1), &ranges, &data, None).unwrap(), Outcome::Applied(2));
+    assert_eq!(e.write_ranges(id(1), &ranges, &data, None, None).unwrap(), Outcome::Applied(2));
     model[4090..4100].fill(1);
     model[100..103].fill(2);
     model[4095..4097].fill(3);
@@ -62,7 +64,7 @@ fn ranges_apply_in_order_as_one_version() {
     model[12_000..].fill(4);
     assert_eq!(e.read(id(1), 0, 20_000).unwrap(), model);
     e.verify(id(1)).unwrap();
-    let short = e.write_ranges(id(1), &[(0, 8)], b"abc", None);
+    let short = e.write_ranges(id(1), &[(0, 8)], b"abc", None, None);
     assert!(matches!(short, Err(FsError::Invalid(_))), "{short:?}");
     assert_eq!(e.version(id(1)).unwrap(), 2);
 }
@@ -70,15 +72,15 @@ fn ranges_apply_in_order_as_one_version() {
 #[test]
 fn a_write_past_the_end_leaves_a_hole_of_zeros() {
     let (_d, e) = engine();
-    e.write(id(2), 0, b"abc", None).unwrap();
-    e.write(id(2), 10_000, b"xyz", None).unwrap();
+    e.write(id(2), 0, b"abc", None, None).unwrap();
+    e.write(id(2), 10_000, b"xyz", None, None).unwrap();
     let all = e.read(id(2), 0, 20_000).unwrap();
     assert_eq!(all.len(), 10_003);
     assert_eq!(&all[..3], b"abc");
     assert!(all[3..10_000].iter().all(|&b| b == 0));
     assert_eq!(&all[10_000..], b"xyz");
     // A hole at the start of a new chunk, too.
-    e.write(id(3), 5000, b"q", None).unwrap();
+    e.write(id(3), 5000, b"q", None, None).unwrap();
     let all = e.read(id(3), 0, 6000).unwrap();
     assert_eq!(all.len(), 5001);
     assert!(all[..5000].iter().all(|&b| b == 0));
@@ -87,25 +89,25 @@ fn a_write_past_the_end_leaves_a_hole_of_zeros() {
 #[test]
 fn truncate_shrinks_extends_and_removes() {
     let (dir, e) = engine();
-    e.write(id(4), 0, &vec![9u8; 10_000], None).unwrap();
-    assert_eq!(e.truncate(id(4), 5000, None).unwrap(), Outcome::Applied(2));
+    e.write(id(4), 0, &vec![9u8; 10_000], None, None).unwrap();
+    assert_eq!(e.truncate(id(4), 5000, None, None).unwrap(), Outcome::Applied(2));
     assert_eq!(e.read(id(4), 0, 20_000).unwrap(), vec![9u8; 5000]);
     // Bytes past a truncation come back as zeros when the chunk grows again.
-    e.truncate(id(4), 6000, None).unwrap();
+    e.truncate(id(4), 6000, None, None).unwrap();
     let all = e.read(id(4), 0, 20_000).unwrap();
     assert_eq!(&all[..5000], &vec![9u8; 5000][..]);
     assert!(all[5000..].iter().all(|&b| b == 0) && all.len() == 6000);
-    e.write(id(4), 7000, b"z", None).unwrap();
+    e.write(id(4), 7000, b"z", None, None).unwrap();
     assert!(e.read(id(4), 5000, 2000).unwrap().iter().all(|&b| b == 0));
-    assert_eq!(e.truncate(id(4), 0, None).unwrap(), Outcome::Applied(5));
+    assert_eq!(e.truncate(id(4), 0, None, None).unwrap(), Outcome::Applied(5));
     assert_eq!(e.read(id(4), 0, 10).unwrap(), Vec::<u8>::new());
     // The version survives as a tombstone, so that a rewrite never reuses a version.
     assert_eq!(e.version(id(4)).unwrap(), 5);
     assert_eq!(e.list().unwrap(), vec![(id(4), 5)]);
     let files: Vec<_> = walk(dir.path().join("chunks"));
     assert_eq!(files.len(), 1, "only the header is left: {files:?}");
-    assert_eq!(e.truncate(id(4), 0, None).unwrap(), Outcome::Skipped(5));
-    assert_eq!(e.write(id(4), 0, b"again", None).unwrap(), Outcome::Applied(6));
+    assert_eq!(e.truncate(id(4), 0, None, None).unwrap(), Outcome::Skipped(5));
+    assert_eq!(e.write(id(4), 0, b"again", None, None).unwrap(), Outcome::Applied(6));
     assert_eq!(e.read(id(4), 0, 10).unwrap(), b"again".to_vec());
 }
 
@@ -122,7 +124,7 @@ fn walk(dir: PathBuf) -> Vec<PathBuf> {
 #[test]
 fn a_flipped_byte_on_disk_is_a_checksum_error() {
     let (_d, e) = engine();
-    e.write(id(5), 0, &vec![1u8; 12_000], None).unwrap();
+    e.write(id(5), 0, &vec![1u8; 12_000], None, None).unwrap();
     flip_data_byte(&e, id(5), 5000);
     assert!(
         matches!(e.read(id(5), 4096, 10), Err(FsError::Checksum(ref m)) if m.contains("block 1"))
@@ -132,18 +134,18 @@ fn a_flipped_byte_on_disk_is_a_checksum_error() {
     assert!(e.read(id(5), 8192, 100).is_ok());
     assert!(matches!(e.verify(id(5)), Err(FsError::Checksum(_))));
     // A head write over the damaged block's neighbourhood refuses to checksum garbage in.
-    assert!(matches!(e.write(id(5), 5001, b"x", None), Err(FsError::Checksum(_))));
+    assert!(matches!(e.write(id(5), 5001, b"x", None, None), Err(FsError::Checksum(_))));
     // A successor asks for the whole chunk instead.
-    assert_eq!(e.write(id(5), 5001, b"x", Some(2)), Err(FsError::Stale));
+    assert_eq!(e.write(id(5), 5001, b"x", Some(2), None), Err(FsError::Stale));
     // Installing a good copy repairs it.
-    e.install(id(5), 2, &vec![1u8; 12_000], false).unwrap();
+    e.install(id(5), 2, &vec![1u8; 12_000], &[], false).unwrap();
     e.verify(id(5)).unwrap();
 }
 
 #[test]
 fn a_corrupt_header_is_a_clear_error_not_a_panic() {
     let (_d, e) = engine();
-    e.write(id(6), 0, b"hello", None).unwrap();
+    e.write(id(6), 0, b"hello", None, None).unwrap();
     let header = e.paths(id(6)).header;
     let mut bytes = std::fs::read(&header).unwrap();
     bytes[30] ^= 0xff;
@@ -158,43 +160,44 @@ fn a_corrupt_header_is_a_clear_error_not_a_panic() {
     assert!(matches!(e.version(id(6)), Err(FsError::Checksum(_))));
     // Listed as version 0, so that a resync replaces it; a successor asks for a copy.
     assert_eq!(e.list().unwrap(), vec![(id(6), 0)]);
-    assert_eq!(e.write(id(6), 0, b"x", Some(2)), Err(FsError::Stale));
+    assert_eq!(e.write(id(6), 0, b"x", Some(2), None), Err(FsError::Stale));
     std::fs::write(&header, b"short").unwrap();
     assert!(
         matches!(e.read(id(6), 0, 5), Err(FsError::Checksum(ref m)) if m.contains("too short"))
     );
-    e.install(id(6), 3, b"fixed", false).unwrap();
+    e.install(id(6), 3, b"fixed", &[], false).unwrap();
     assert_eq!(e.read(id(6), 0, 5).unwrap(), b"fixed");
 }
 
 #[test]
 fn versions_apply_in_order_skip_repeats_and_refuse_gaps() {
     let (_d, e) = engine();
-    assert_eq!(e.write(id(7), 0, b"a", Some(1)).unwrap(), Outcome::Applied(1));
-    assert_eq!(e.write(id(7), 0, b"b", Some(1)).unwrap(), Outcome::Skipped(1));
+    assert_eq!(e.write(id(7), 0, b"a", Some(1), None).unwrap(), Outcome::Applied(1));
+    assert_eq!(e.write(id(7), 0, b"b", Some(1), None).unwrap(), Outcome::Skipped(1));
     assert_eq!(e.read(id(7), 0, 1).unwrap(), b"a");
-    assert_eq!(e.write(id(7), 0, b"c", Some(3)), Err(FsError::Stale));
-    assert_eq!(e.truncate(id(7), 1, Some(3)), Err(FsError::Stale));
-    assert_eq!(e.write(id(7), 1, b"d", Some(2)).unwrap(), Outcome::Applied(2));
-    assert_eq!(e.write(id(7), 0, b"e", None).unwrap(), Outcome::Applied(3));
+    assert_eq!(e.write(id(7), 0, b"c", Some(3), None), Err(FsError::Stale));
+    assert_eq!(e.truncate(id(7), 1, Some(3), None), Err(FsError::Stale));
+    assert_eq!(e.write(id(7), 1, b"d", Some(2), None).unwrap(), Outcome::Applied(2));
+    assert_eq!(e.write(id(7), 0, b"e", None, None).unwrap(), Outcome::Applied(3));
     // Install replaces only older copies, unless forced.
-    assert_eq!(e.install(id(7), 3, b"zz", false).unwrap(), Outcome::Skipped(3));
-    assert_eq!(e.install(id(7), 5, b"zz", false).unwrap(), Outcome::Applied(5));
-    assert_eq!(e.install(id(7), 2, b"old", true).unwrap(), Outcome::Applied(2));
-    assert_eq!(e.fetch(id(7)).unwrap(), (2, b"old".to_vec()));
-    assert_eq!(e.install(id(7), 0, b"", true).unwrap(), Outcome::Applied(0));
+    assert_eq!(e.install(id(7), 3, b"zz", &[], false).unwrap(), Outcome::Skipped(3));
+    assert_eq!(e.install(id(7), 5, b"zz", &[], false).unwrap(), Outcome::Applied(5));
+    assert_eq!(e.install(id(7), 2, b"old", &[], true).unwrap(), Outcome::Applied(2));
+    let copy = e.fetch(id(7)).unwrap();
+    assert_eq!((copy.version, copy.data), (2, b"old".to_vec()));
+    assert_eq!(e.install(id(7), 0, b"", &[], true).unwrap(), Outcome::Applied(0));
     assert_eq!(e.version(id(7)).unwrap(), 0);
     // Removal needs no earlier state, so it crosses a gap.
-    e.write(id(8), 0, b"a", None).unwrap();
-    assert_eq!(e.truncate(id(8), 0, Some(9)).unwrap(), Outcome::Applied(9));
-    assert_eq!(e.truncate(id(8), 0, Some(9)).unwrap(), Outcome::Skipped(9));
+    e.write(id(8), 0, b"a", None, None).unwrap();
+    assert_eq!(e.truncate(id(8), 0, Some(9), None).unwrap(), Outcome::Applied(9));
+    assert_eq!(e.truncate(id(8), 0, Some(9), None).unwrap(), Outcome::Skipped(9));
 }
 
 #[test]
 fn extents_past_the_largest_chunk_are_refused() {
     let (_d, e) = engine();
-    assert!(matches!(e.write(id(9), CHUNK_LEN_MAX, b"x", None), Err(FsError::Invalid(_))));
-    assert!(matches!(e.truncate(id(9), CHUNK_LEN_MAX + 1, None), Err(FsError::Invalid(_))));
+    assert!(matches!(e.write(id(9), CHUNK_LEN_MAX, b"x", None, None), Err(FsError::Invalid(_))));
+    assert!(matches!(e.truncate(id(9), CHUNK_LEN_MAX + 1, None, None), Err(FsError::Invalid(_))));
 }
 
 #[test]
@@ -202,7 +205,7 @@ fn an_unclean_stop_is_noticed_and_sync_and_usage_work() {
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::open(dir.path()).unwrap();
     assert!(!e.opened_dirty());
-    e.write(id(10), 0, b"data", None).unwrap();
+    e.write(id(10), 0, b"data", None, None).unwrap();
     e.sync(id(10)).unwrap();
     e.sync(id(11)).unwrap();
     let (capacity, used) = e.usage().unwrap();
@@ -225,7 +228,7 @@ fn different_chunks_are_written_in_parallel_safely() {
             let e = &e;
             s.spawn(move || {
                 for i in 0..50u32 {
-                    e.write(id(100 + t), i * 100, &[t as u8; 100], None).unwrap();
+                    e.write(id(100 + t), i * 100, &[t as u8; 100], None, None).unwrap();
                 }
             });
         }
@@ -242,4 +245,46 @@ fn a_write_that_would_eat_the_reserve_is_no_space() {
     e.check_space(1 << 20, 0).unwrap();
     e.check_space(1 << 20, 1).unwrap();
     assert_eq!(e.check_space(1 << 20, u64::MAX / 2), Err(FsError::NoSpace));
+}
+
+#[test]
+fn a_remembered_mutation_is_a_duplicate_at_the_head_and_its_record_travels_with_copies() {
+    let (d, e) = engine();
+    let w = Some(WriteId { session: SessionId(3), seq: 1 });
+    assert_eq!(e.write(id(0), 0, b"one", None, w).unwrap(), Outcome::Applied(1));
+    e.write(id(0), 0, b"two", None, None).unwrap();
+    let dup = Outcome::Duplicate { version: 1, local: 2 };
+    assert_eq!(e.write(id(0), 0, b"one", None, w).unwrap(), dup);
+    assert_eq!(e.truncate(id(0), 1, None, w).unwrap(), dup);
+    // Forwarded with a version, the version rule decides, as for any mutation.
+    assert_eq!(e.write(id(0), 0, b"one", Some(1), w).unwrap(), Outcome::Skipped(2));
+    assert_eq!(e.read(id(0), 0, 10).unwrap(), b"two");
+    // Remembered on disk, through a tombstone and in a copy installed elsewhere.
+    drop(e);
+    let e = Engine::open(d.path()).unwrap();
+    assert_eq!(e.write(id(0), 0, b"one", None, w).unwrap(), dup);
+    e.truncate(id(0), 0, None, None).unwrap();
+    assert_eq!(
+        e.write(id(0), 0, b"one", None, w).unwrap(),
+        Outcome::Duplicate { version: 1, local: 3 }
+    );
+    let copy = e.fetch(id(0)).unwrap();
+    e.install(id(1), copy.version, &copy.data, &copy.writes, true).unwrap();
+    assert_eq!(
+        e.write(id(1), 0, b"one", None, w).unwrap(),
+        Outcome::Duplicate { version: 1, local: 3 }
+    );
+}
+
+#[test]
+fn listings_tell_replicas_with_other_bytes_at_one_version_apart() {
+    let (_d, a) = engine();
+    let (_d2, b) = engine();
+    a.write(id(0), 0, b"acknowledged", None, None).unwrap();
+    b.write(id(0), 0, b"never acked!", None, None).unwrap();
+    let (la, lb) = (a.list_sized().unwrap()[0], b.list_sized().unwrap()[0]);
+    assert_eq!((la.version, la.len), (lb.version, lb.len));
+    assert_ne!(la.digest, lb.digest);
+    b.install(id(0), 1, b"acknowledged", &[], true).unwrap();
+    assert_eq!(b.list_sized().unwrap()[0], la);
 }

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stoa_net::{Handler, MetaClient, Pool};
 use stoa_proto::{
-    ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, RepairProgress, Reply,
-    Request, Response,
+    ChunkListing, ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse,
+    RepairProgress, Reply, Request, Response,
 };
 use stoa_types::{Chain, ChainId, ChunkId, FsError, NodeId, RequestId, SessionId};
 use table::ChainView;
@@ -291,8 +291,7 @@ impl Server {
                 let version = self.mutate(&chain, chunk, op, payload, req.deadline_ms).await?;
                 Ok((ChunkResponse::Written { version }, none))
             }
-            ChunkOp::Truncate { chunk, len, version } => {
-                let op = ChunkOp::Truncate { chunk, len, version };
+            op @ ChunkOp::Truncate { chunk, .. } => {
                 let version = self.mutate(&chain, chunk, op, payload, req.deadline_ms).await?;
                 Ok((ChunkResponse::Written { version }, none))
             }
@@ -303,16 +302,17 @@ impl Server {
             ChunkOp::ListChunks => Ok((ChunkResponse::Chunks(self.list(chain.id).await?), none)),
             ChunkOp::FetchChunk { chunk } => {
                 let fetched = self.disk(move |e| e.fetch(chunk)).await;
-                let (version, data) = self.checked(chunk, fetched)?;
-                Ok((ChunkResponse::Chunk { version }, Bytes::from(data)))
+                let copy = self.checked(chunk, fetched)?;
+                let answer = ChunkResponse::Chunk { version: copy.version, writes: copy.writes };
+                Ok((answer, Bytes::from(copy.data)))
             }
-            ChunkOp::Install { chunk, version } => {
+            ChunkOp::Install { chunk, version, writes } => {
                 let _order = self.order.lock(chunk).await;
                 let reserve = self.limits.reserve_bytes / 2;
                 let installed = self
                     .disk(move |e| {
                         e.check_space(payload.len() as u64, reserve)?;
-                        e.install(chunk, version, &payload, false)
+                        e.install(chunk, version, &payload, &writes, false)
                     })
                     .await;
                 let outcome = installed.map_err(|e| self.behind(chunk, e))?;
@@ -361,13 +361,13 @@ impl Server {
         }
     }
 
-    /// The chunks of `chain` this server holds, with their versions and lengths.
-    async fn list(&self, chain: ChainId) -> Result<Vec<(ChunkId, u64, u32)>, FsError> {
+    /// The chunks of `chain` this server holds, with their versions, lengths and digests.
+    async fn list(&self, chain: ChainId) -> Result<Vec<ChunkListing>, FsError> {
         let table = self.view.table();
         let all = self.disk(|e| e.list_sized()).await?;
         Ok(all
             .into_iter()
-            .filter(|(chunk, _, _)| table.chain_for(*chunk).is_some_and(|c| c.id == chain))
+            .filter(|l| table.chain_for(l.chunk).is_some_and(|c| c.id == chain))
             .collect())
     }
 

@@ -8,8 +8,15 @@
 //!                                              --Write{Some(v)}--> ... tail, syncing
 //!  client <--Written{v}--- head, once every server on the write path answered
 //! ```
+//!
+//! A client mutation carries a write id, the same on every attempt. A head whose chunk
+//! remembers the id (it, or the server it took over from, applied an earlier attempt
+//! whose answer was lost) applies nothing: it passes the mutation down the chain again
+//! at the version the first attempt made, so that every replica has it, and answers
+//! with that version. So a retry never lands twice, and never over a later write.
 
 use super::Server;
+use crate::engine::Outcome;
 use bytes::Bytes;
 use std::sync::Arc;
 use stoa_proto::ChunkOp;
@@ -42,29 +49,42 @@ impl Server {
         let reserve = self.reserve_for(&local_op);
         let applied = self
             .disk(move |e| match local_op {
-                ChunkOp::Write { offset, version, .. } => {
+                ChunkOp::Write { offset, version, id, .. } => {
                     e.check_space(data.len() as u64, reserve)?;
-                    e.write(chunk, offset, &data, version)
+                    e.write(chunk, offset, &data, version, id)
                 }
-                ChunkOp::WriteRanges { ranges, version, .. } => {
+                ChunkOp::WriteRanges { ranges, version, id, .. } => {
                     e.check_space(data.len() as u64, reserve)?;
-                    e.write_ranges(chunk, &ranges, &data, version)
+                    e.write_ranges(chunk, &ranges, &data, version, id)
                 }
                 // Cutting to 0 deletes, which must work on a full disk to free it.
-                ChunkOp::Truncate { len, version, .. } => {
+                ChunkOp::Truncate { len, version, id, .. } => {
                     if len > 0 {
                         e.check_space(u64::from(len), reserve)?;
                     }
-                    e.truncate(chunk, len, version)
+                    e.truncate(chunk, len, version, id)
                 }
                 other => Err(FsError::Invalid(format!("{other:?} is not a chunk mutation"))),
             })
             .await;
         let forwarded_here = matches!(
             op,
-            ChunkOp::Write { version: Some(_), .. } | ChunkOp::Truncate { version: Some(_), .. }
+            ChunkOp::Write { version: Some(_), .. }
+                | ChunkOp::WriteRanges { version: Some(_), .. }
+                | ChunkOp::Truncate { version: Some(_), .. }
         );
+        // Whether this replica's copy is the one the whole chain has once the forward
+        // succeeds: not when a duplicate's version lies behind later mutations here.
+        let mut settles = true;
         let version = match self.checked(chunk, applied) {
+            Ok(Outcome::Duplicate { version, local }) => {
+                tracing::info!(
+                    "chunk {chunk}: a retried mutation was applied at v{version} already \
+                     (now v{local}); passing it down the chain again instead"
+                );
+                settles = version == local;
+                version
+            }
             Ok(outcome) => outcome.version(),
             // The head applied nothing when it fails; a server further down is now
             // behind its predecessor (see `unsettle`).
@@ -74,14 +94,14 @@ impl Server {
         // Forward even what was skipped here: a server further down may still miss it,
         // and it skips too if not.
         let forwarded = match op {
-            ChunkOp::Write { chunk, offset, version: ours } => {
-                ChunkOp::Write { chunk, offset, version: Some(ours.unwrap_or(version)) }
+            ChunkOp::Write { chunk, offset, version: ours, id } => {
+                ChunkOp::Write { chunk, offset, version: Some(ours.unwrap_or(version)), id }
             }
-            ChunkOp::WriteRanges { chunk, ranges, version: ours } => {
-                ChunkOp::WriteRanges { chunk, ranges, version: Some(ours.unwrap_or(version)) }
+            ChunkOp::WriteRanges { chunk, ranges, version: ours, id } => {
+                ChunkOp::WriteRanges { chunk, ranges, version: Some(ours.unwrap_or(version)), id }
             }
-            ChunkOp::Truncate { chunk, len, version: ours } => {
-                ChunkOp::Truncate { chunk, len, version: Some(ours.unwrap_or(version)) }
+            ChunkOp::Truncate { chunk, len, version: ours, id } => {
+                ChunkOp::Truncate { chunk, len, version: Some(ours.unwrap_or(version)), id }
             }
             other => other,
         };
@@ -91,7 +111,9 @@ impl Server {
             self.unsettle(chunk);
             return Err(e);
         }
-        self.settle(chunk);
+        if settles {
+            self.settle(chunk);
+        }
         Ok(version)
     }
 
@@ -134,12 +156,13 @@ impl Server {
             other => return other.map(|_| ()).map_err(|e| successor_failed(addr, e)),
         }
         let fetched = self.disk(move |e| e.fetch(chunk)).await;
-        let (version, data) = self.checked(chunk, fetched)?;
+        let copy = self.checked(chunk, fetched)?;
+        let version = copy.version;
         tracing::info!(
             "chunk server at {addr} missed writes to chunk {chunk}: installing v{version}"
         );
-        let install = ChunkOp::Install { chunk, version };
-        self.call_peer(addr, chain, install, Bytes::from(data))
+        let install = ChunkOp::Install { chunk, version, writes: copy.writes };
+        self.call_peer(addr, chain, install, Bytes::from(copy.data))
             .await
             .map_err(|e| successor_failed(addr, e))?;
         self.call_peer(addr, chain, op, payload)

@@ -1,6 +1,11 @@
 //! Catching up after a return: a server listed as `syncing` on a chain copies from an
-//! active member every chunk whose version differs, drops chunks the member does not
-//! have, and then tells meta it is synced.
+//! active member every chunk whose version or content digest differs, drops chunks the
+//! member does not have, and then tells meta it is synced.
+//!
+//! The digest matters when a head applied a write, died before passing it on, and the
+//! new head gave the same version to another write: the returning server's copy has the
+//! chain's version but bytes nobody acknowledged, which a comparison of versions alone
+//! would keep (and later serve).
 //!
 //! ```text
 //!  table change --> syncing on chain C? --> ListChunks (member) vs our list
@@ -19,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use stoa_proto::{ChunkOp, ChunkResponse, MetaOp};
+use stoa_proto::{ChunkListing, ChunkOp, ChunkResponse, MetaOp};
 use stoa_types::{Chain, ChainId, ChunkId, FsError};
 
 /// How long to wait before retrying a resync that failed.
@@ -149,25 +154,31 @@ impl Server {
 
     /// Brings every chunk of `chain` to the version the member at `addr` has.
     async fn copy_from(&self, chain: &Chain, addr: std::net::SocketAddr) -> Result<(), FsError> {
-        let theirs: HashMap<ChunkId, (u64, u32)> = match self
+        let theirs: HashMap<ChunkId, ChunkListing> = match self
             .call_peer(addr, chain, ChunkOp::ListChunks, Bytes::new())
             .await?
         {
-            (ChunkResponse::Chunks(list), _) => {
-                list.into_iter().map(|(chunk, version, len)| (chunk, (version, len))).collect()
-            }
+            (ChunkResponse::Chunks(list), _) => list.into_iter().map(|l| (l.chunk, l)).collect(),
             (other, _) => return Err(FsError::Protocol(format!("ListChunks answered {other:?}"))),
         };
-        let ours: HashMap<ChunkId, u64> =
-            self.list(chain.id).await?.into_iter().map(|(c, v, _)| (c, v)).collect();
+        let ours: HashMap<ChunkId, (u64, u32)> = self
+            .list(chain.id)
+            .await?
+            .into_iter()
+            .map(|l| (l.chunk, (l.version, l.digest)))
+            .collect();
         // After an unclean stop a chunk's data may be newer than its header, so chunks
         // whose versions agree are checked too.
         let verify = self.engine.opened_dirty();
         let mut work: Vec<(ChunkId, u32, bool)> = Vec::new();
-        for (&chunk, &(version, len)) in &theirs {
-            let differs = ours.get(&chunk) != Some(&version);
+        for (&chunk, listing) in &theirs {
+            let (version, len) = (listing.version, listing.len);
+            let mine = ours.get(&chunk).copied();
+            let differs = mine != Some((version, listing.digest));
             if differs || (verify && self.disk(move |e| e.verify(chunk)).await.is_err()) {
-                work.push((chunk, len, !differs));
+                // At the same version, the copy must replace ours anyway.
+                let same_version = mine.map(|(v, _)| v) == Some(version);
+                work.push((chunk, len, same_version));
             }
         }
         // Ours alone: the member deleted them while we were away (garbage collection).
@@ -198,7 +209,7 @@ impl Server {
     }
 
     /// Copies one chunk from the member at `addr` (dropping ours if it has none). `repair`
-    /// replaces our copy even at the same version.
+    /// replaces our copy even at the same version (other bytes, or damaged ones).
     async fn copy_chunk(
         &self,
         chain: &Chain,
@@ -207,11 +218,11 @@ impl Server {
         repair: bool,
     ) -> Result<(), FsError> {
         let _order = self.order.lock(chunk).await;
-        let (version, data) = match self
+        let (version, writes, data) = match self
             .call_peer(addr, chain, ChunkOp::FetchChunk { chunk }, Bytes::new())
             .await?
         {
-            (ChunkResponse::Chunk { version }, data) => (version, data),
+            (ChunkResponse::Chunk { version, writes }, data) => (version, writes, data),
             (other, _) => return Err(FsError::Protocol(format!("FetchChunk answered {other:?}"))),
         };
         let ours = self.disk(move |e| e.version(chunk)).await.unwrap_or(0);
@@ -221,7 +232,7 @@ impl Server {
             return Ok(());
         }
         let len = data.len() as u64;
-        self.disk(move |e| e.install(chunk, version, &data, true)).await?;
+        self.disk(move |e| e.install(chunk, version, &data, &writes, true)).await?;
         self.settle(chunk);
         self.stats.copied_bytes.fetch_add(len, Ordering::Relaxed);
         let counter =

@@ -29,7 +29,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use stoa_proto::{ChunkOp, ChunkResponse};
+use stoa_proto::{ChunkListing, ChunkOp, ChunkResponse};
 use stoa_types::{ChunkId, FsError, BLOCK_SIZE_BYTES};
 use tokio::time::Instant;
 
@@ -51,7 +51,7 @@ impl Server {
             if rate == 0.0 {
                 tokio::time::sleep(SWEEP_ONLY_PERIOD).await;
                 if let Ok(chunks) = self.disk(|e| e.list_sized()).await {
-                    self.sweep(chunks.iter().map(|c| c.0)).await;
+                    self.sweep(chunks.iter().map(|l| l.chunk)).await;
                 }
                 continue;
             }
@@ -66,7 +66,7 @@ impl Server {
             let started = Instant::now();
             let mut paced = 0u64;
             let mut damaged = 0u64;
-            for &(chunk, _, len) in &chunks {
+            for &ChunkListing { chunk, len, .. } in &chunks {
                 if !self.scrub_chunk(chunk).await {
                     damaged += 1;
                 }
@@ -82,7 +82,7 @@ impl Server {
                 chunks.len(),
                 started.elapsed()
             );
-            self.sweep(chunks.iter().map(|c| c.0)).await;
+            self.sweep(chunks.iter().map(|l| l.chunk)).await;
             tokio::time::sleep(PASS_PAUSE).await;
         }
     }
@@ -129,8 +129,8 @@ impl Server {
             let Some(addr) = table.addr(member) else { continue };
             let op = ChunkOp::FetchChunk { chunk };
             match self.call_peer(addr, &chain, op, Bytes::new()).await {
-                Ok((ChunkResponse::Chunk { version }, data)) => {
-                    self.disk(move |e| e.install(chunk, version, &data, true)).await?;
+                Ok((ChunkResponse::Chunk { version, writes }, data)) => {
+                    self.disk(move |e| e.install(chunk, version, &data, &writes, true)).await?;
                     return Ok(version);
                 }
                 Ok((other, _)) => {
@@ -162,7 +162,7 @@ impl Server {
         let mut dropped = 0u64;
         for &chunk in now.intersection(&before) {
             let _order = self.order.lock(chunk).await;
-            match self.disk(move |e| e.install(chunk, 0, &[], true)).await {
+            match self.disk(move |e| e.install(chunk, 0, &[], &[], true)).await {
                 Ok(_) => dropped += 1,
                 Err(e) => tracing::warn!("sweeping chunk {chunk}: {e}"),
             }

@@ -13,7 +13,8 @@ use stoa_proto::{
     ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaResponse, Reply, Request, Response,
 };
 use stoa_types::{
-    Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, FsError, InodeId, NodeId, Timestamp,
+    Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, FsError, InodeId, NodeId, SessionId,
+    Timestamp, WriteId,
 };
 
 const CLUSTER: ClusterId = ClusterId(0x5707);
@@ -216,7 +217,7 @@ impl Cluster {
 
     async fn write(&self, chain: &Chain, chunk: ChunkId, offset: u32, data: &[u8]) -> u64 {
         match self
-            .call(0, chain, ChunkOp::Write { chunk, offset, version: None }, data)
+            .call(0, chain, ChunkOp::Write { chunk, offset, version: None, id: None }, data)
             .await
             .unwrap()
             .0
@@ -235,6 +236,11 @@ impl Cluster {
 
 fn chunk(index: u64) -> ChunkId {
     ChunkId { ino: InodeId(77), index }
+}
+
+/// The id of a client mutation of session 9.
+fn write_id(seq: u64) -> Option<WriteId> {
+    Some(WriteId { session: SessionId(9), seq })
 }
 
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
@@ -264,7 +270,12 @@ async fn a_write_to_the_head_is_readable_from_every_replica() {
         }
         // Only the head takes client writes.
         let err = c
-            .call(1, &chain, ChunkOp::Write { chunk: chunk(0), offset: 0, version: None }, b"x")
+            .call(
+                1,
+                &chain,
+                ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None },
+                b"x",
+            )
             .await;
         assert!(matches!(err, Err(FsError::Unavailable(ref m)) if m.contains("head")), "{err:?}");
     })
@@ -285,15 +296,15 @@ async fn a_retried_write_is_idempotent_and_truncate_replicates() {
             assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 2);
         }
         // A forwarded write that arrives twice is skipped the second time.
-        let again = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2) };
+        let again = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2), id: None };
         c.call(2, &chain, again, b"zzzzz").await.unwrap();
         assert_eq!(c.read(2, &chain, chunk(0)).await.unwrap(), want);
-        let cut = ChunkOp::Truncate { chunk: chunk(0), len: 102, version: None };
+        let cut = ChunkOp::Truncate { chunk: chunk(0), len: 102, version: None, id: None };
         assert_eq!(
             c.call(0, &chain, cut, b"").await.unwrap().0,
             ChunkResponse::Written { version: 3 }
         );
-        let remove = ChunkOp::Truncate { chunk: chunk(0), len: 0, version: None };
+        let remove = ChunkOp::Truncate { chunk: chunk(0), len: 0, version: None, id: None };
         c.call(0, &chain, remove, b"").await.unwrap();
         for i in 0..3 {
             assert!(c.read(i, &chain, chunk(0)).await.unwrap().is_empty());
@@ -320,7 +331,7 @@ async fn a_full_member_leaves_no_replica_serving_a_write_it_refused() {
         c.write(&without, chunk(0), 0, b"old").await;
         let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
         c.converge().await;
-        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None };
+        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None };
         let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
         assert!(
             matches!(err, FsError::Unavailable(ref m) if m.contains("out of space")),
@@ -357,7 +368,7 @@ async fn many_ranges_of_a_chunk_replicate_as_one_version() {
         let chain = c.chain();
         c.write(&chain, chunk(0), 0, &[1u8; 12_288]).await;
         let ranges = vec![(0, 2), (8_192, 4_096), (20_000, 3)];
-        let op = ChunkOp::WriteRanges { chunk: chunk(0), ranges, version: None };
+        let op = ChunkOp::WriteRanges { chunk: chunk(0), ranges, version: None, id: None };
         let payload: Vec<u8> = [&b"ab"[..], &[9u8; 4_096], b"xyz"].concat();
         let (resp, _) = c.call(0, &chain, op, &payload).await.unwrap();
         assert_eq!(resp, ChunkResponse::Written { version: 2 });
@@ -371,7 +382,8 @@ async fn many_ranges_of_a_chunk_replicate_as_one_version() {
             assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 2);
         }
         // Ranges that do not add up to the payload are refused before anything changes.
-        let bad = ChunkOp::WriteRanges { chunk: chunk(0), ranges: vec![(0, 5)], version: None };
+        let bad =
+            ChunkOp::WriteRanges { chunk: chunk(0), ranges: vec![(0, 5)], version: None, id: None };
         let err = c.call(0, &chain, bad, b"abc").await;
         assert!(matches!(err, Err(FsError::Invalid(_))), "{err:?}");
         assert_eq!(c.server(0).server.engine.version(chunk(0)).unwrap(), 2);
@@ -385,11 +397,11 @@ async fn a_client_write_past_its_deadline_is_refused_and_changes_nothing() {
         let c = Cluster::start().await;
         let chain = c.chain();
         let now = Timestamp::now().as_millis();
-        let write = || ChunkOp::Write { chunk: chunk(0), offset: 0, version: None };
+        let write = || ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None };
         c.call_until(0, &chain, write(), b"fresh", now + 60_000).await.unwrap();
         let late = c.call_until(0, &chain, write(), b"stale", now - 1).await;
         assert_eq!(late.unwrap_err(), FsError::SessionExpired);
-        let cut = ChunkOp::Truncate { chunk: chunk(0), len: 1, version: None };
+        let cut = ChunkOp::Truncate { chunk: chunk(0), len: 1, version: None, id: None };
         let late = c.call_until(0, &chain, cut, b"", now - 1).await;
         assert_eq!(late.unwrap_err(), FsError::SessionExpired);
         for i in 0..3 {
@@ -431,7 +443,7 @@ async fn a_server_removed_from_a_chain_refuses_reads_and_writes() {
             matches!(err, FsError::Unavailable(ref m) if m.contains("active member")),
             "{err:?}"
         );
-        let forwarded = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2) };
+        let forwarded = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2), id: None };
         assert!(c.call(2, &after, forwarded, b"x").await.is_err());
         // The shorter chain still takes writes, and the removed server does not see them.
         c.write(&after, chunk(0), 0, b"v2").await;
@@ -456,7 +468,7 @@ async fn a_returning_server_resyncs_only_differing_chunks_and_reports_synced() {
         c.converge().await;
         c.write(&short, chunk(0), 0, b"second 0").await;
         c.write(&short, chunk(9), 0, b"new 9").await;
-        let remove = ChunkOp::Truncate { chunk: chunk(3), len: 0, version: None };
+        let remove = ChunkOp::Truncate { chunk: chunk(3), len: 0, version: None, id: None };
         c.call(0, &short, remove, b"").await.unwrap();
         // It returns (same data directory, so the same node id) and meta adds it as syncing.
         let back = Running::start(config(c.dirs[2].path(), c.meta_addr)).await.unwrap();
@@ -482,6 +494,84 @@ async fn a_returning_server_resyncs_only_differing_chunks_and_reports_synced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_server_with_other_bytes_at_the_chains_version_takes_the_chains() {
+    bounded(async {
+        let c = Cluster::start().await;
+        c.write(&c.chain(), chunk(5), 0, b"v1 everywhere").await;
+        // Server 2 leaves the chain holding a v2 nobody acknowledged (a head that applied
+        // a write and died before passing it on); the chain gives v2 to another write.
+        let gone = c.node(2);
+        let short = c.meta.set_chain(&[c.node(0), c.node(1)], &[]);
+        c.converge().await;
+        c.server(2).server.engine.write(chunk(5), 0, b"never acked!!", Some(2), None).unwrap();
+        assert_eq!(c.write(&short, chunk(5), 0, b"acknowledged!").await, 2);
+        let syncing = c.meta.set_chain(&[c.node(0), c.node(1)], &[gone]);
+        eventually("the server reports it is synced", || {
+            c.meta.state.lock().unwrap().synced.contains(&(gone, ChainId(0), syncing.version))
+        })
+        .await;
+        let chains = c.server(0).server.engine.fetch(chunk(5)).unwrap();
+        assert_eq!(c.server(2).server.engine.fetch(chunk(5)).unwrap(), chains);
+        assert_eq!(&chains.data[..], b"acknowledged!");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_an_applied_mutation_is_not_applied_again_over_a_later_write() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let written = |version| ChunkResponse::Written { version };
+        let first =
+            || ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        assert_eq!(c.call(0, &chain, first(), b"first").await.unwrap().0, written(1));
+        // Another client writes the same bytes; then the first client, whose answer was
+        // lost, sends its write again: it is answered with its first version, not applied.
+        let other = WriteId { session: SessionId(10), seq: 1 };
+        let later = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: Some(other) };
+        assert_eq!(c.call(0, &chain, later, b"LATER").await.unwrap().0, written(2));
+        assert_eq!(c.call(0, &chain, first(), b"first").await.unwrap().0, written(1));
+        let cut = || ChunkOp::Truncate { chunk: chunk(0), len: 2, version: None, id: write_id(2) };
+        assert_eq!(c.call(0, &chain, cut(), b"").await.unwrap().0, written(3));
+        let grow = ChunkOp::Write { chunk: chunk(0), offset: 2, version: None, id: write_id(3) };
+        assert_eq!(c.call(0, &chain, grow, b"TER").await.unwrap().0, written(4));
+        assert_eq!(c.call(0, &chain, cut(), b"").await.unwrap().0, written(3));
+        for i in 0..3 {
+            assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), &b"LATER"[..], "replica {i}");
+            assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 4, "replica {i}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_to_a_new_head_reaches_the_replicas_the_first_attempt_missed() {
+    bounded(async {
+        let c = Cluster::start().await;
+        // The first attempt reached the head and the middle server; the head died before
+        // it answered, so the tail never had it. The client retries at the new head.
+        let engines: Vec<_> = (0..2).map(|i| c.server(i).server.engine.clone()).collect();
+        engines[0].write(chunk(0), 0, b"first", None, write_id(1)).unwrap();
+        engines[1].write(chunk(0), 0, b"first", Some(1), write_id(1)).unwrap();
+        let short = c.meta.set_chain(&[c.node(1), c.node(2)], &[]);
+        c.converge().await;
+        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let answer = c.call(1, &short, retry, b"first").await.unwrap().0;
+        assert_eq!(answer, ChunkResponse::Written { version: 1 });
+        let tail = c.server(2).server.engine.fetch(chunk(0)).unwrap();
+        assert_eq!((tail.version, &tail.data[..]), (1, &b"first"[..]));
+        // The tail remembers the write too, so it would know the retry as head.
+        assert_eq!(tail.writes, engines[1].fetch(chunk(0)).unwrap().writes);
+        let again = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(2) };
+        let answer = c.call(1, &short, again, b"again").await.unwrap().0;
+        assert_eq!(answer, ChunkResponse::Written { version: 2 });
+        assert_eq!(c.read(2, &short, chunk(0)).await.unwrap(), &b"again"[..]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_resync_reach_the_syncing_server() {
     bounded(async {
         let c = Cluster::start().await;
@@ -494,7 +584,7 @@ async fn writes_during_a_resync_reach_the_syncing_server() {
         c.meta.set_chain(&[c.node(0), c.node(1)], &[c.node(2)]);
         loop {
             let chain = c.chain();
-            let op = ChunkOp::Write { chunk: chunk(0), offset: 6, version: None };
+            let op = ChunkOp::Write { chunk: chunk(0), offset: 6, version: None, id: write_id(1) };
             match c.call(0, &chain, op, b"+after").await {
                 Ok(_) => break,
                 // The resync may finish first and move the chain on.
@@ -504,10 +594,10 @@ async fn writes_during_a_resync_reach_the_syncing_server() {
                 Err(e) => panic!("write failed: {e}"),
             }
         }
-        // A write retried after StaleChain may have been applied twice: same bytes, one
-        // more version, on every replica alike.
+        // A write retried after StaleChain is applied once, alike on every replica.
         let head = c.server(0).server.engine.fetch(chunk(0)).unwrap();
-        assert_eq!(&head.1[..], b"BEFORE+after");
+        assert_eq!(&head.data[..], b"BEFORE+after");
+        assert_eq!(head.version, 3);
         assert_eq!(c.server(2).server.engine.fetch(chunk(0)).unwrap(), head);
     })
     .await;
@@ -627,7 +717,7 @@ async fn an_unclean_restart_repairs_chunks_whose_data_disagrees_with_their_heade
         .await;
         let stats = &c.server(2).server.stats;
         assert_eq!(stats.chunks_copied.load(Ordering::Relaxed), 1, "only the torn chunk");
-        assert_eq!(c.server(2).server.engine.fetch(chunk(1)).unwrap().1, vec![5u8; 6000]);
+        assert_eq!(c.server(2).server.engine.fetch(chunk(1)).unwrap().data, vec![5u8; 6000]);
     })
     .await;
 }
