@@ -15,7 +15,8 @@ use stoa_types::NodeId;
 pub(crate) const DOWN_AFTER: Duration = Duration::from_millis(1500);
 
 /// A server reported full is taken back once its free space grew by this share of its
-/// capacity since the report (files deleted, or an operator made room).
+/// capacity above the least it had since the report (files deleted, or an operator made
+/// room).
 const FULL_UNTIL_FREED_DIVISOR: u64 = 16;
 
 /// What the last heartbeat of one chunk server said.
@@ -35,8 +36,8 @@ struct State {
     /// one full timeout from then, so a failover does not evict healthy servers.
     since: Instant,
     beats: HashMap<NodeId, Beat>,
-    /// Servers that refused a chain's write for lack of space, with the free bytes their
-    /// last heartbeat showed then.
+    /// Servers that refused a chain's write for lack of space, with the least free bytes
+    /// a heartbeat showed since (the last one before the report, at first).
     full: HashMap<NodeId, u64>,
 }
 
@@ -80,9 +81,13 @@ impl Liveness {
         let beat = Beat { at, capacity_bytes, used_bytes, repair, copy_rate_bytes_per_sec };
         s.beats.insert(node, beat);
         let free = capacity_bytes.saturating_sub(used_bytes);
-        if s.full.get(&node).is_some_and(|&then| {
-            free > then.saturating_add(capacity_bytes / FULL_UNTIL_FREED_DIVISOR)
-        }) {
+        let Some(least) = s.full.get_mut(&node) else { return };
+        // The free space recorded with the report came from the heartbeat before it,
+        // which may predate the disk filling up (a heartbeat every 300 ms, a disk can
+        // fill faster): measured from there, the space that is free again after the
+        // fill would never count as freed, and the server would stay out for good.
+        *least = (*least).min(free);
+        if free > least.saturating_add(capacity_bytes / FULL_UNTIL_FREED_DIVISOR) {
             tracing::info!("chunk server {node} has space again: it may rejoin its chains");
             s.full.remove(&node);
         }
@@ -150,6 +155,19 @@ mod tests {
         live.beat(NodeId(3), 1600, 1550, RepairProgress::default());
         assert!(live.is_full(NodeId(3)));
         live.beat(NodeId(3), 1600, 1400, RepairProgress::default());
+        assert!(!live.is_full(NodeId(3)));
+    }
+
+    #[test]
+    fn a_server_that_filled_up_between_two_heartbeats_rejoins_once_space_is_freed() {
+        let live = Liveness::default();
+        // Its last heartbeat before the report still showed most of the disk free.
+        live.beat(NodeId(3), 1600, 100, RepairProgress::default());
+        assert!(live.mark_full(NodeId(3)));
+        live.beat(NodeId(3), 1600, 1595, RepairProgress::default());
+        assert!(live.is_full(NodeId(3)));
+        // The big file is deleted: free space is back to where it was before the report.
+        live.beat(NodeId(3), 1600, 100, RepairProgress::default());
         assert!(!live.is_full(NodeId(3)));
     }
 }
