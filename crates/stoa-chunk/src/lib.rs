@@ -8,6 +8,7 @@
 //!      --> serve:  requests --> server (chain checks, replication) --> engine (disk)
 //!                  heartbeat every 300 ms --> new chain table --> resync if syncing
 //!                  scrubber: verify every chunk at a set rate --> repair from a peer
+//!                  sweep every sweep_secs: remove the chunks of inodes meta says are dead
 //!      --> shutdown: drain requests, stop tasks, flush, mark the store clean
 //! ```
 //!
@@ -57,6 +58,9 @@ pub struct ChunkConfig {
     /// Free bytes kept on the data disk: a write that would leave less is refused with
     /// `NoSpace` (ENOSPC), so that the disk never fills and headers can still be written.
     pub reserve_bytes: u64,
+    /// Seconds between two sweeps that remove the chunks of dead inodes (deleted files'
+    /// tombstones and leftovers); 0 turns the sweep off.
+    pub sweep_secs: u64,
 }
 
 /// The scrubber's default pace: a full pass over 1 TB takes about a day and a half, and
@@ -64,6 +68,12 @@ pub struct ChunkConfig {
 pub const SCRUB_BYTES_PER_SEC_DEFAULT: u64 = 8 * 1024 * 1024;
 /// The default free-space reserve: room for headers, renames and the filesystem itself.
 pub const RESERVE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// The default sweep period: a deleted file's last files on disk go within about ten
+/// minutes, and the sweep's listing and meta calls cost little at that pace.
+pub const SWEEP_SECS_DEFAULT: u64 = 600;
+/// The longest sweep period: longer is more likely a mistake than a wish (0 turns the
+/// sweep off), and it keeps the timer far from overflowing.
+pub const SWEEP_SECS_MAX: u64 = 7 * 24 * 3600;
 
 impl ChunkConfig {
     fn validate(&self) -> Result<(), ChunkError> {
@@ -82,6 +92,12 @@ impl ChunkConfig {
             return Err(ChunkError::Config(format!(
                 "zone: {:?} must be 1 to 64 characters without spaces",
                 self.zone
+            )));
+        }
+        if self.sweep_secs > SWEEP_SECS_MAX {
+            return Err(ChunkError::Config(format!(
+                "sweep_secs: {} is more than a week ({SWEEP_SECS_MAX}); 0 turns the sweep off",
+                self.sweep_secs
             )));
         }
         Ok(())
@@ -144,6 +160,7 @@ impl Running {
         let limits = server::Limits {
             scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
             reserve_bytes: cfg.reserve_bytes,
+            sweep_secs: cfg.sweep_secs,
         };
         let server = Arc::new(Server::new(identity.node, engine, pool, meta, limits));
         server.meta_acked(acked);
@@ -151,6 +168,7 @@ impl Running {
         let serve = tokio::spawn(stoa_net::serve(listener, service.clone()));
         server.start_heartbeats();
         server.start_scrubber();
+        server.start_sweeper();
         Ok(Running { server, addr, service, serve, _lock: lock })
     }
 

@@ -276,7 +276,9 @@ fn chunk_count(size: u64, chunk_size_bytes: u32) -> u64 {
 }
 
 /// Truncates every chunk of `ino` to nothing at the head of its chain, which replicates
-/// the deletion down the chain.
+/// the deletion down the chain. The tombstones this leaves, and chunks beyond `size`
+/// (cut off by a truncate before the deletion), go in the chunk servers' dead-inode
+/// sweep once `GarbageCollected` has applied (stoa-chunk `server/sweep.rs`).
 async fn delete_chunks(
     node: &Node,
     table: &ChainTable,

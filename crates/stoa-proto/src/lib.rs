@@ -28,7 +28,7 @@ pub use frame::{
 pub use meta::{
     cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, DirGrant,
     FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest, MetaResponse,
-    RepairProgress, SessionGrant,
+    RepairProgress, SessionGrant, DEAD_INODES_MAX,
 };
 
 use serde::{Deserialize, Serialize};

@@ -261,7 +261,18 @@ pub enum MetaOp {
     Batch {
         ops: Vec<BatchOp>,
     },
+    /// Which of `inos` (at most [`DEAD_INODES_MAX`]) are dead: handed out once and now
+    /// neither a file, nor garbage still being collected, nor reserved for a session's
+    /// creates. No file can own a chunk of a dead inode ever again, so a chunk server
+    /// may remove every chunk it holds of one. Answered with
+    /// [`MetaResponse::DeadInodes`].
+    DeadInodes {
+        inos: Vec<InodeId>,
+    },
 }
+
+/// The most inodes one [`MetaOp::DeadInodes`] may ask about.
+pub const DEAD_INODES_MAX: usize = 4096;
 
 /// One namespace change of a [`MetaOp::Batch`]. The variant order is part of the
 /// protocol and of the Raft log on disk: append only.
@@ -403,6 +414,7 @@ impl MetaOp {
                 | MetaOp::CapEvents { .. }
                 | MetaOp::CapsReleased { .. }
                 | MetaOp::TakeDir { .. }
+                | MetaOp::DeadInodes { .. }
         )
     }
 }
@@ -478,6 +490,8 @@ pub enum MetaResponse {
     Dir(Option<DirGrant>),
     /// The outcome of each operation of a batch, in order.
     Batch(Vec<Result<(), FsError>>),
+    /// The inodes [`MetaOp::DeadInodes`] asked about that are dead, in the order asked.
+    DeadInodes(Vec<InodeId>),
 }
 
 /// One meta replica as the cluster sees it.

@@ -35,6 +35,13 @@ fn bad_commands_fail_with_a_clear_error() {
     assert!(err.contains("lisen") && err.contains("bad.toml"), "{err}");
     let err = fails(&["chunk", "--config", &t("missing.toml")]);
     assert!(err.contains("missing.toml"), "{err}");
+    let slow = format!(
+        "listen = \"127.0.0.1:0\"\ndata = \"{}\"\nmeta = \"127.0.0.1:1\"\nsweep_secs = 9999999\n",
+        t("c")
+    );
+    std::fs::write(t("slow.toml"), slow).unwrap();
+    let err = fails(&["chunk", "--config", &t("slow.toml")]);
+    assert!(err.contains("sweep_secs"), "{err}");
     let err = fails(&[
         "meta",
         "--id",

@@ -2,7 +2,8 @@
 //! its chains and wakes up unable to serve or accept anything stale; a server gone too
 //! long has its replicas rebuilt on the others, and its old copies are swept when it
 //! returns; a flipped byte on disk is found by the scrubber and repaired from a peer; a
-//! full cluster answers ENOSPC, keeps what it had and takes writes again once files go.
+//! full cluster answers ENOSPC, keeps what it had and takes writes again once files go;
+//! deleted files leave no chunk file behind on any server.
 
 mod common;
 
@@ -82,22 +83,36 @@ fn write_synced(path: &Path, seed: u64, len: usize) {
     f.sync_all().unwrap();
 }
 
-/// Every chunk header file under a chunk server's data directory.
-fn chunk_headers(data_dir: &Path) -> Vec<PathBuf> {
+/// Every file (data, header, temporary) under a chunk server's data directory.
+fn chunk_files(data_dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(fans) = std::fs::read_dir(data_dir.join("chunks")) else { return out };
     for fan in fans.flatten() {
         for entry in std::fs::read_dir(fan.path()).into_iter().flatten().flatten() {
-            if entry.path().extension().is_some_and(|e| e == "meta") {
-                out.push(entry.path());
-            }
+            out.push(entry.path());
         }
     }
     out
 }
 
+/// Every chunk header file under a chunk server's data directory.
+fn chunk_headers(data_dir: &Path) -> Vec<PathBuf> {
+    let mut out = chunk_files(data_dir);
+    out.retain(|p| p.extension().is_some_and(|e| e == "meta"));
+    out
+}
+
 fn data_dir(dev: &Dev, id: u64) -> PathBuf {
     PathBuf::from(dev.node("chunk", id)["data_dir"].as_str().unwrap())
+}
+
+/// Every file (data, header, temporary) of a chunk of `ino` on chunk servers 1..=`servers`.
+fn chunk_files_of(dev: &Dev, servers: u64, ino: u64) -> Vec<PathBuf> {
+    let prefix = format!("{ino:016x}-");
+    let mut out: Vec<PathBuf> =
+        (1..=servers).flat_map(|id| chunk_files(&data_dir(dev, id))).collect();
+    out.retain(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)));
+    out
 }
 
 #[test]
@@ -291,4 +306,51 @@ fn a_full_cluster_answers_enospc_keeps_what_it_had_and_takes_writes_after_a_dele
     eprintln!("writes work again {:.1} s after the delete", freed.elapsed().as_secs_f64());
     assert_eq!(std::fs::read(&after).unwrap(), pattern(3, 0, CHUNK_BYTES));
     assert_eq!(std::fs::read(&kept).unwrap(), pattern(7, 0, CHUNK_BYTES));
+}
+
+#[test]
+fn deleted_files_leave_no_chunk_files_behind() {
+    let mut dev = Dev::start_with(3, 3, &["--sweep-secs=1"]);
+    let started = Instant::now();
+    let ino = |path: &Path| std::fs::metadata(path).unwrap().ino();
+    // Cut short before its deletion: its chunks 1 and 2 become tombstones, beyond the
+    // size the garbage collector will see.
+    let cut = dev.mnt.join("cut");
+    write_synced(&cut, 21, 3 * CHUNK_BYTES);
+    let file = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
+    file.set_len(1 << 20).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    let gone = dev.mnt.join("gone");
+    write_synced(&gone, 22, CHUNK_BYTES + 4096);
+    let kept = dev.mnt.join("kept");
+    let kept_len = 3 * CHUNK_BYTES;
+    write_synced(&kept, 23, kept_len);
+    let (cut_ino, gone_ino, kept_ino) = (ino(&cut), ino(&gone), ino(&kept));
+    let tombstones =
+        (1..3).map(|i| format!("{}.meta", ChunkId { ino: InodeId(cut_ino), index: i }));
+    let cut_files = chunk_files_of(&dev, 3, cut_ino);
+    for name in tombstones {
+        let found = cut_files.iter().filter(|p| p.ends_with(&name)).count();
+        assert_eq!(found, 3, "a tombstone {name} on every replica after the truncate");
+    }
+
+    std::fs::remove_file(&cut).unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    let deleted = Instant::now();
+    eventually(60, "no chunk file of the deleted files is left on any server", || {
+        chunk_files_of(&dev, 3, cut_ino).is_empty() && chunk_files_of(&dev, 3, gone_ino).is_empty()
+    });
+    println!(
+        "the deleted files' chunk files were gone {:.1} s after the deletes",
+        deleted.elapsed().as_secs_f64()
+    );
+
+    // The live file keeps its three chunks (data and header) on all three servers, and
+    // reads back intact from them.
+    assert_eq!(chunk_files_of(&dev, 3, kept_ino).len(), 3 * 3 * 2);
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    assert!(std::fs::read(&kept).unwrap() == pattern(23, 0, kept_len), "the live file differs");
+    dev.stop();
+    println!("test took {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -48,6 +48,9 @@ const LOCK_STRIPES: usize = 256;
 /// Writes at least this large start their writeback at once (see `start_writeback`).
 const WRITEBACK_MIN_BYTES: usize = 1 << 20;
 const HEADER_EXT: &str = "meta";
+/// What a file being written whole gets before its rename over the real name: the data
+/// of an install (`<chunk id>.tmp`) or a header (`<chunk id>.meta.tmp`).
+const TMP_EXT: &str = "tmp";
 
 /// What a versioned mutation did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +132,16 @@ struct Paths {
     dir: PathBuf,
     data: PathBuf,
     header: PathBuf,
+}
+
+impl Paths {
+    fn data_tmp(&self) -> PathBuf {
+        self.data.with_extension(TMP_EXT)
+    }
+
+    fn header_tmp(&self) -> PathBuf {
+        self.header.with_extension(format!("{HEADER_EXT}.{TMP_EXT}"))
+    }
 }
 
 /// The chunk store of one data directory.
@@ -417,7 +430,7 @@ impl Engine {
         }
         std::fs::create_dir_all(&paths.dir)
             .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
-        let tmp = paths.data.with_extension("tmp");
+        let tmp = paths.data_tmp();
         std::fs::write(&tmp, data)
             .and_then(|_| std::fs::rename(&tmp, &paths.data))
             .map_err(|e| io_err(format!("install chunk {chunk}"), e))?;
@@ -471,7 +484,58 @@ impl Engine {
     /// Every chunk held, with its version (as [`Engine::list`]), length in bytes and
     /// content digest.
     pub fn list_sized(&self) -> Result<Vec<ChunkListing>, FsError> {
+        let header_suffix = format!(".{HEADER_EXT}");
         let mut out = Vec::new();
+        self.for_each_file(|name| {
+            let Some(chunk) = name.strip_suffix(&header_suffix).and_then(|id| id.parse().ok())
+            else {
+                return Ok(());
+            };
+            let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+            let (version, len, digest) = match self.load(chunk)? {
+                Local::Absent => return Ok(()),
+                Local::Present(h) => (h.version, h.len, h.digest()),
+                Local::Corrupt(_) => (0, 0, 0),
+            };
+            out.push(ChunkListing { chunk, version, len, digest });
+            Ok(())
+        })?;
+        out.sort_by_key(|l| l.chunk);
+        Ok(out)
+    }
+
+    /// Every chunk that has any file in the store: a header (tombstones included), or a
+    /// data or temporary file that a crash left without one. Reads no header, so it is
+    /// cheap, and it finds what [`Engine::list`] cannot see, so that [`Engine::remove`]
+    /// of the chunks of a dead file leaves nothing of them behind.
+    pub fn chunk_ids(&self) -> Result<Vec<ChunkId>, FsError> {
+        let tmp_suffix = format!(".{TMP_EXT}");
+        let header_suffix = format!(".{HEADER_EXT}");
+        let mut out = Vec::new();
+        self.for_each_file(|name| {
+            let name = name.strip_suffix(&tmp_suffix).unwrap_or(name);
+            let id = name.strip_suffix(&header_suffix).unwrap_or(name);
+            if let Ok(chunk) = id.parse() {
+                out.push(chunk);
+            }
+            Ok(())
+        })?;
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Removes the chunk: its header (a tombstone too), its data and any temporary file
+    /// of it. Unlike a truncation to 0 it leaves no tombstone, so the chunk would restart
+    /// at version 1 if written again: only for chunks nobody will write again (those of
+    /// dead inodes, whose numbers are never reused). A missing chunk is not an error.
+    pub fn remove(&self, chunk: ChunkId) -> Result<(), FsError> {
+        let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
+        self.remove_files(chunk, &self.paths(chunk))
+    }
+
+    /// Calls `f` with the name of every file in the store's fan-out directories.
+    fn for_each_file(&self, mut f: impl FnMut(&str) -> Result<(), FsError>) -> Result<(), FsError> {
         let what = |p: &Path| format!("list {}", p.display());
         let fans =
             std::fs::read_dir(&self.chunks_dir).map_err(|e| io_err(what(&self.chunks_dir), e))?;
@@ -482,21 +546,12 @@ impl Engine {
             }
             for entry in std::fs::read_dir(&fan).map_err(|e| io_err(what(&fan), e))? {
                 let name = entry.map_err(|e| io_err(what(&fan), e))?.file_name();
-                let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".meta")) else {
-                    continue;
-                };
-                let Ok(chunk) = id.parse::<ChunkId>() else { continue };
-                let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
-                let (version, len, digest) = match self.load(chunk)? {
-                    Local::Absent => continue,
-                    Local::Present(h) => (h.version, h.len, h.digest()),
-                    Local::Corrupt(_) => (0, 0, 0),
-                };
-                out.push(ChunkListing { chunk, version, len, digest });
+                if let Some(name) = name.to_str() {
+                    f(name)?;
+                }
             }
         }
-        out.sort_by_key(|l| l.chunk);
-        Ok(out)
+        Ok(())
     }
 
     /// Bytes the store's filesystem holds in all, and bytes not available to it.
@@ -737,7 +792,7 @@ impl Engine {
     /// Replaces the chunk's header file (the caller holds the stripe for writing).
     fn save_header(&self, paths: &Paths, header: &Header) -> Result<(), FsError> {
         self.headers.forget(header.chunk);
-        let tmp = paths.header.with_extension("meta.tmp");
+        let tmp = paths.header_tmp();
         let write = || -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(&header.encode())?;
@@ -765,10 +820,10 @@ fn remove_data(paths: &Paths) -> Result<(), FsError> {
 }
 
 /// Removes the header first: from then on the chunk does not exist, whatever happens to
-/// the data file.
+/// the data file. Then the data and what a crash may have left of a write in progress.
 fn remove_files(paths: &Paths) -> Result<(), FsError> {
-    for path in [&paths.header, &paths.data] {
-        match std::fs::remove_file(path) {
+    for path in [paths.header.clone(), paths.data.clone(), paths.header_tmp(), paths.data_tmp()] {
+        match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(format!("remove {}", path.display()), e)),

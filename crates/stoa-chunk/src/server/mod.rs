@@ -8,12 +8,16 @@
 //!          --> Write, Truncate (replicate.rs)    -> engine, then the next server
 //!          --> Sync                              -> fdatasync, then the next server
 //!          --> Install                           -> engine (replace whole chunk)
+//!
+//!  background: heartbeats (table.rs), resync (resync.rs), scrubber (scrub.rs),
+//!              dead-inode sweep (sweep.rs)
 //! ```
 
 mod locks;
 mod replicate;
 mod resync;
 mod scrub;
+mod sweep;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -49,6 +53,8 @@ pub(crate) struct Stats {
     pub syncs: AtomicU64,
     pub chunks_copied: AtomicU64,
     pub chunks_dropped: AtomicU64,
+    /// Chunks of dead inodes removed by the sweep (sweep.rs).
+    pub chunks_swept: AtomicU64,
     pub corrupt_reports: AtomicU64,
     pub copied_bytes: AtomicU64,
     pub scrubbed_bytes: AtomicU64,
@@ -73,6 +79,8 @@ pub(crate) struct Limits {
     /// half of it, so that a write refused for space is refused at the head, before any
     /// replica applied it, whenever the disks are alike.
     pub reserve_bytes: u64,
+    /// Seconds between two sweeps of the chunks of dead inodes; 0: no sweep.
+    pub sweep_secs: u64,
 }
 
 /// One running chunk server.

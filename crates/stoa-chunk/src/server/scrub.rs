@@ -162,7 +162,7 @@ impl Server {
         let mut dropped = 0u64;
         for &chunk in now.intersection(&before) {
             let _order = self.order.lock(chunk).await;
-            match self.disk(move |e| e.install(chunk, 0, &[], &[], true)).await {
+            match self.disk(move |e| e.remove(chunk)).await {
                 Ok(_) => dropped += 1,
                 Err(e) => tracing::warn!("sweeping chunk {chunk}: {e}"),
             }

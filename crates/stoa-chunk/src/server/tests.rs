@@ -27,6 +27,8 @@ struct MetaState {
     synced: Vec<(NodeId, ChainId, u64)>,
     corrupt: Vec<(NodeId, ChunkId)>,
     full: Vec<NodeId>,
+    /// Inodes `DeadInodes` calls dead; `None` answers it `Unavailable`.
+    dead: Option<Vec<InodeId>>,
 }
 
 /// Answers what chunk servers ask meta, from a table the test sets.
@@ -82,6 +84,12 @@ impl FakeMeta {
                 s.full.push(node);
                 Ok(MetaResponse::Done)
             }
+            MetaOp::DeadInodes { inos } => match &s.dead {
+                Some(dead) => Ok(MetaResponse::DeadInodes(
+                    inos.into_iter().filter(|i| dead.contains(i)).collect(),
+                )),
+                None => Err(FsError::Unavailable("no leader".into())),
+            },
             other => Err(FsError::NotSupported)
                 .inspect_err(|_| tracing::warn!("fake meta got {other:?}")),
         }
@@ -129,6 +137,8 @@ fn config(dir: &std::path::Path, meta: SocketAddr) -> ChunkConfig {
         zone: "z1".into(),
         scrub_bytes_per_sec: 0,
         reserve_bytes: 0,
+        // Tests that sweep call it themselves, at the moment they choose.
+        sweep_secs: 0,
     }
 }
 
@@ -691,6 +701,10 @@ async fn startup_errors_are_clear() {
             .unwrap_err()
             .to_string()
             .contains("meta"));
+        let slow = crate::SWEEP_SECS_MAX + 1;
+        let bad = ChunkConfig { sweep_secs: slow, ..config(other.path(), c.meta_addr) };
+        let err = crate::run(bad, std::future::pending()).await.unwrap_err().to_string();
+        assert!(err.contains("sweep_secs"), "{err}");
     })
     .await;
 }
@@ -740,6 +754,44 @@ async fn a_damaged_replica_is_repaired_from_a_chain_member() {
         assert_eq!(damaged.repair(chunk(3)).await.unwrap(), version);
         assert_eq!(c.read(1, &chain, chunk(3)).await.unwrap(), data);
         assert!(damaged.stats.corrupt_reports.load(Ordering::Relaxed) >= 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_removes_every_chunk_of_dead_inodes_and_only_those() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let live = chunk(0);
+        let dead = [ChunkId { ino: InodeId(78), index: 0 }, ChunkId { ino: InodeId(78), index: 5 }];
+        for id in [live, dead[0], dead[1]] {
+            c.write(&chain, id, 0, b"bytes").await;
+        }
+        // A tombstone, as the garbage collector leaves it.
+        let remove = ChunkOp::Truncate { chunk: dead[1], len: 0, version: None, id: None };
+        c.call(0, &chain, remove, b"").await.unwrap();
+        let ids = |i: usize| c.server(i).server.engine.chunk_ids().unwrap();
+        assert_eq!(ids(0), vec![live, dead[0], dead[1]]);
+
+        // Meta unreachable: nothing is removed, and the sweep says why it stopped.
+        let mut swept = super::sweep::Swept::default();
+        let err = c.server(0).server.sweep_dead(&mut swept).await.unwrap_err();
+        assert!(err.is_retryable(), "{err:?}");
+        assert_eq!((swept.inodes, swept.removed_chunks), (2, 0));
+        assert_eq!(ids(0).len(), 3);
+
+        c.meta.state.lock().unwrap().dead = Some(vec![InodeId(78), InodeId(99)]);
+        let mut swept = super::sweep::Swept::default();
+        c.server(0).server.sweep_dead(&mut swept).await.unwrap();
+        let want =
+            super::sweep::Swept { inodes: 2, dead_inodes: 1, removed_chunks: 2, failed_chunks: 0 };
+        assert_eq!(swept, want);
+        assert_eq!(ids(0), vec![live]);
+        assert_eq!(c.server(0).server.stats.chunks_swept.load(Ordering::Relaxed), 2);
+        assert_eq!(c.read(0, &chain, live).await.unwrap(), &b"bytes"[..]);
+        // Each replica sweeps on its own.
+        assert_eq!(ids(1), vec![live, dead[0], dead[1]]);
     })
     .await;
 }

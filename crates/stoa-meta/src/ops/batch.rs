@@ -14,9 +14,10 @@
 
 use super::create::{self, NewNode};
 use super::Place;
-use crate::kv::{KvWrite, Table};
+use crate::kv::{prefix_end, KvRead, KvWrite, Table};
 use crate::store::{self, counter, set_counter, Counter};
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 use stoa_proto::{BatchOp, MetaResponse};
 use stoa_types::{FileKind, FsError, InodeId, SessionId};
 
@@ -32,11 +33,31 @@ struct Reservation {
     end: u64,
 }
 
-/// Reservations live in the counters table, beside the counter they are cut from.
+/// Reservations live in the counters table, beside the counter they are cut from, each
+/// under this prefix and its session id.
+const RESERVATION_PREFIX: &[u8] = b"inode_reservation/";
+
 fn reservation_key(session: SessionId) -> Vec<u8> {
-    let mut key = b"inode_reservation/".to_vec();
+    let mut key = RESERVATION_PREFIX.to_vec();
     key.extend_from_slice(&session.0.to_be_bytes());
     key
+}
+
+/// The numbers each session may still give new files (`next..end` of every live
+/// reservation with numbers left), sorted by their start. Reservations are cut from the
+/// inode counter one after another, so they never overlap.
+pub(crate) fn open_reservations(kv: &impl KvRead) -> Result<Vec<Range<u64>>, FsError> {
+    let end = prefix_end(RESERVATION_PREFIX);
+    let rows = kv.scan(Table::Counters, RESERVATION_PREFIX, end.as_deref(), usize::MAX)?;
+    let mut ranges = Vec::with_capacity(rows.len());
+    for (key, value) in rows {
+        let r: Reservation = store::decode(Table::Counters, &key, &value)?;
+        if r.next < r.end {
+            ranges.push(r.next..r.end);
+        }
+    }
+    ranges.sort_by_key(|r| r.start);
+    Ok(ranges)
 }
 
 /// Reserves `count` inode numbers for `session`, in place of its last reservation.
@@ -140,7 +161,7 @@ fn take_reserved(kv: &mut impl KvWrite, session: SessionId, ino: InodeId) -> Res
 
 /// The reservation of `session`, if any (for tests).
 #[cfg(test)]
-fn reserved(kv: &impl crate::kv::KvRead, session: SessionId) -> Option<Reservation> {
+fn reserved(kv: &impl KvRead, session: SessionId) -> Option<Reservation> {
     store::get(kv, Table::Counters, &reservation_key(session)).unwrap()
 }
 

@@ -8,6 +8,7 @@ pub(crate) mod batch;
 pub(crate) mod chains;
 pub(crate) mod cluster;
 pub(crate) mod create;
+pub(crate) mod dead;
 pub(crate) mod link;
 pub(crate) mod locks;
 pub(crate) mod lookup;
@@ -116,6 +117,7 @@ pub(crate) fn query(kv: &impl KvRead, op: &MetaOp) -> Result<MetaResponse, FsErr
         MetaOp::ListXattr { ino } => xattr::list(kv, *ino),
         MetaOp::GetLock { ino, lock } => locks::get(kv, *ino, lock),
         MetaOp::GetChainTable => Ok(MetaResponse::ChainTable(crate::store::load_chains(kv)?)),
+        MetaOp::DeadInodes { inos } => dead::dead_inodes(kv, inos),
         other => Err(FsError::Invalid(format!(
             "{} is not answered by the namespace state machine",
             op_name(other)

@@ -4,7 +4,9 @@ use crate::config::{self, required};
 use anyhow::Context;
 use serde::Deserialize;
 use std::path::PathBuf;
-use stoa_chunk::{ChunkConfig, RESERVE_BYTES_DEFAULT, SCRUB_BYTES_PER_SEC_DEFAULT};
+use stoa_chunk::{
+    ChunkConfig, RESERVE_BYTES_DEFAULT, SCRUB_BYTES_PER_SEC_DEFAULT, SWEEP_SECS_DEFAULT,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,8 +30,12 @@ pub struct Args {
     /// ENOSPC, so that the server can still run (default 256 MiB).
     #[arg(long)]
     reserve_bytes: Option<u64>,
+    /// Seconds between two sweeps that remove the chunks of deleted files (0: off;
+    /// default 600, at most a week).
+    #[arg(long)]
+    sweep_secs: Option<u64>,
     /// TOML file with the same keys (listen, data, meta, zone, scrub_bytes_per_sec,
-    /// reserve_bytes); flags win over it.
+    /// reserve_bytes, sweep_secs); flags win over it.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -43,6 +49,7 @@ struct File {
     zone: Option<String>,
     scrub_bytes_per_sec: Option<u64>,
     reserve_bytes: Option<u64>,
+    sweep_secs: Option<u64>,
 }
 
 fn resolve(args: Args) -> anyhow::Result<ChunkConfig> {
@@ -59,6 +66,7 @@ fn resolve(args: Args) -> anyhow::Result<ChunkConfig> {
             .or(file.scrub_bytes_per_sec)
             .unwrap_or(SCRUB_BYTES_PER_SEC_DEFAULT),
         reserve_bytes: args.reserve_bytes.or(file.reserve_bytes).unwrap_or(RESERVE_BYTES_DEFAULT),
+        sweep_secs: args.sweep_secs.or(file.sweep_secs).unwrap_or(SWEEP_SECS_DEFAULT),
     })
 }
 

@@ -47,6 +47,9 @@ pub struct Args {
     /// Passed to every chunk server: free bytes it keeps on its disk (ENOSPC below).
     #[arg(long)]
     reserve_bytes: Option<u64>,
+    /// Passed to every chunk server: seconds between its sweeps of deleted files' chunks.
+    #[arg(long)]
+    sweep_secs: Option<u64>,
 }
 
 /// How long the cluster may take to elect a leader and form its chains.
@@ -228,6 +231,9 @@ fn spawn_all(dir: &Path, layout: &Layout, tuning: &Args) -> anyhow::Result<Vec<N
         }
         if let Some(reserve) = tuning.reserve_bytes {
             args.push(format!("--reserve-bytes={reserve}"));
+        }
+        if let Some(secs) = tuning.sweep_secs {
+            args.push(format!("--sweep-secs={secs}"));
         }
         nodes.push(spawn_node(dir, "chunk", id, addr, args)?);
     }
