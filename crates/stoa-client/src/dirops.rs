@@ -99,10 +99,15 @@ impl Client {
         if self.sh.caps.listed(parent, name)?.is_some() {
             return Some(Err(FsError::Exists));
         }
-        let ino = match self.reserved_ino().await {
-            Ok(ino) => ino,
+        // Held until the create is queued: meta takes a session's creates only in the
+        // order of their numbers and only from its current reservation, so a number must
+        // be queued before another task takes the next one or reserves anew.
+        let mut reserved = match self.reservation().await {
+            Ok(reserved) => reserved,
             Err(e) => return Some(Err(e)),
         };
+        let ino = InodeId(reserved.1.start);
+        reserved.1.start += 1;
         let at = Timestamp::now();
         let (perm, rdev) = match new.kind {
             FileKind::Symlink => (0o777, 0),
@@ -138,6 +143,7 @@ impl Client {
             at,
         };
         queue(&self.sh, op, Some(generation));
+        drop(reserved);
         Some(Ok(attr))
     }
 
@@ -314,8 +320,11 @@ impl Client {
         Ok(grant.is_some_and(|grant| self.sh.caps.store_dir(&grant)))
     }
 
-    /// The next reserved inode number, reserving more when none is left.
-    async fn reserved_ino(&self) -> Result<InodeId, FsError> {
+    /// The session's inode reservation, locked, with a number left (reserving more when
+    /// none is): the caller takes the next number and queues its create under the lock.
+    async fn reservation(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, (SessionId, Range<u64>)>, FsError> {
         let mut reserved = self.sh.dirops.inodes.lock().await;
         let session = self.sh.session.id();
         // A reservation dies with its session.
@@ -328,9 +337,7 @@ impl Client {
                 other => return Err(unexpected("AllocInodes", &other)),
             }
         }
-        let ino = reserved.1.start;
-        reserved.1.start += 1;
-        Ok(InodeId(ino))
+        Ok(reserved)
     }
 }
 
