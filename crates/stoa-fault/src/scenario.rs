@@ -76,9 +76,6 @@ impl Scenario {
                 "the cut-off mount can hang after its caps lapse (two kernel entry \
                  invalidations wait on operations that never return), about one run in three",
             ),
-            Scenario::DiskFull => {
-                Some("one full chunk server: an fsynced write returns ok, then reads return the old value")
-            }
             _ => None,
         }
     }
