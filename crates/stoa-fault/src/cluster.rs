@@ -364,6 +364,14 @@ impl Cluster {
         std::fs::remove_file(&path).map_err(|e| FaultError::io("remove", &path, e))
     }
 
+    /// Aborts the FUSE connections of every client mount (see [`abort_fuse`]), so that
+    /// workload threads stuck on a mount that will never answer return with an error;
+    /// returns how many it aborted.
+    pub fn abort_mounts(&self) -> usize {
+        let clients = self.nodes.iter().filter(|n| matches!(n.role, Role::Client | Role::Probe));
+        clients.filter(|n| abort_fuse(&n.path)).count()
+    }
+
     /// Every chunk data file (not the `.meta` headers) of chunk server `name`.
     pub fn chunk_files(&self, name: &str) -> Vec<PathBuf> {
         let mut out = Vec::new();
@@ -447,11 +455,37 @@ fn stop_child(n: &mut Node) {
 
 /// Whether `path` is a mount point right now.
 pub fn is_mounted(path: &Path) -> bool {
+    mount_device(path).is_some()
+}
+
+/// The device (`major:minor`) mounted at `path`, from `/proc/self/mountinfo`: reading it
+/// never touches the mount, so it does not block on one that no longer answers.
+fn mount_device(path: &Path) -> Option<String> {
     let want = path.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().find_map(|l| {
+        let fields: Vec<&str> = l.split(' ').collect();
+        (fields.get(4) == Some(&want.as_str())).then(|| fields[2].to_string())
+    })
+}
+
+/// Where the kernel lists FUSE connections (fusectl).
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+/// Aborts the FUSE connection of the mount at `path`: every request waiting on it fails
+/// at once. Killing a FUSE daemon does not free threads stuck on its mount when one of
+/// its own threads is stuck in the kernel too (an invalidation waiting for a request
+/// only it could answer); an abort does. Returns whether it aborted.
+fn abort_fuse(path: &Path) -> bool {
+    let Some(minor) = mount_device(path).and_then(|d| d.split(':').nth(1).map(str::to_string))
+    else {
+        return false;
+    };
+    let conn = Path::new(FUSECTL).join(&minor);
+    if !conn.exists() {
+        let _ = net::run("mount", &["-t", "fusectl", "none", FUSECTL]);
+    }
+    std::fs::write(conn.join("abort"), b"1").is_ok()
 }
 
 /// Polls `check` every 200 ms until it holds or `within` passes.
@@ -464,4 +498,18 @@ pub fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool)
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_are_found_by_their_mount_point_only() {
+        let root = mount_device(Path::new("/")).expect("/ is a mount");
+        assert!(root.split(':').all(|n| n.parse::<u32>().is_ok()), "device {root}");
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(mount_device(dir.path()), None);
+        assert!(!abort_fuse(dir.path()), "nothing to abort where nothing is mounted");
+    }
 }

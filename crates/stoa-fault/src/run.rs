@@ -141,8 +141,11 @@ fn run_scenario(
         anomalies.extend(injected.anomalies);
     }
     if stuck > 0 {
+        // They may wait in the kernel for good; the run must still end (and clean up).
+        let aborted = cluster.abort_mounts();
         anomalies.push(format!(
-            "{stuck} clients still stuck {} s after the workload stopped",
+            "{stuck} clients still stuck {} s after the workload stopped (aborted {aborted} \
+             FUSE connections to free them)",
             STOP_CLIENTS_WITHIN.as_secs()
         ));
     }
