@@ -13,6 +13,13 @@
 //!     --> CapsReleased{ino, seq}
 //! ```
 //!
+//! Bounded: a client keeps at most `caps_max` caps. Past it, the events task gives the
+//! least recently used back, a quarter of the bound at a time, through the same steps as
+//! a recall (users waited for, write-behind flushed, kernel caches dropped, then the ack
+//! that tells the leader it may forget the grant), skipping files open here. Use is
+//! counted in polls of the events stream (a tick a second or so), not read from a clock
+//! on every cached `stat`.
+//!
 //! Uncapped operations during a recall are safe: nobody else can hold a conflicting cap
 //! until this client acks, so the chunks and meta hold the truth. They must not wait for
 //! a grant, because the kernel holds the pages they fill locked, and the invalidation
@@ -21,6 +28,7 @@
 use crate::client::{Client, Shared};
 use crate::session::unexpected;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
@@ -64,6 +72,9 @@ struct Held {
     /// in a directory it holds with its listing); checked against that listing before
     /// use.
     place: Option<(InodeId, Vec<u8>)>,
+    /// The events tick (`Table::tick`) of the cap's last use, for giving back the least
+    /// recently used ones.
+    used: u64,
 }
 
 /// An inode being recalled: operations on it run uncapped and are counted.
@@ -89,12 +100,18 @@ struct Table {
     /// How many times every cap was dropped at once (they lapsed, or the session was
     /// lost). Writes buffered under caps of an earlier generation are never sent.
     generation: u64,
+    /// Advanced by every poll of the events stream: the clock of `Held::used`.
+    tick: u64,
 }
 
 /// The client's caps.
 pub(crate) struct Caps {
     table: Mutex<Table>,
     kernel: OnceLock<Arc<dyn KernelCache>>,
+    /// The most caps kept (see the module doc, "Bounded").
+    max: usize,
+    /// Whether a task is giving caps back.
+    trimming: AtomicBool,
 }
 
 /// How an operation may go ahead on an inode; kept while the operation relies on it.
@@ -125,8 +142,42 @@ impl Drop for UncappedGuard {
 }
 
 impl Caps {
-    pub fn new() -> Caps {
-        Caps { table: Mutex::new(Table::default()), kernel: OnceLock::new() }
+    pub fn new(max: usize) -> Caps {
+        Caps {
+            table: Mutex::new(Table::default()),
+            kernel: OnceLock::new(),
+            max,
+            trimming: AtomicBool::new(false),
+        }
+    }
+
+    /// The usable cap on `ino` of at least `mode`, marked used now.
+    fn usable(t: &mut Table, ino: InodeId) -> Option<&mut Held> {
+        Caps::remaining(t)?;
+        let tick = t.tick;
+        let h = t.held.get_mut(&ino)?;
+        h.used = tick;
+        Some(h)
+    }
+
+    /// The caps to give back so that at most three quarters of the bound stay: the
+    /// least recently used, except those of inodes `open` says are open here or that
+    /// are being recalled. Empty while the bound is kept.
+    fn over_bound(&self, open: impl Fn(InodeId) -> bool) -> Vec<CapRef> {
+        let t = self.lock();
+        if t.held.len() <= self.max {
+            return Vec::new();
+        }
+        let keep = self.max - self.max / 4;
+        let mut idle: Vec<(u64, InodeId, u64)> = t
+            .held
+            .iter()
+            .filter(|(ino, _)| !t.recalling.contains_key(ino) && !open(**ino))
+            .map(|(ino, h)| (h.used, *ino, h.seq))
+            .collect();
+        idle.sort_unstable();
+        idle.truncate(t.held.len().saturating_sub(keep));
+        idle.into_iter().map(|(_, ino, seq)| CapRef { ino, seq }).collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -144,8 +195,7 @@ impl Caps {
 
     /// Whether this client holds a usable cap of at least `mode` on `ino`.
     pub fn holds(&self, ino: InodeId, mode: CapMode) -> bool {
-        let t = self.lock();
-        Caps::remaining(&t).is_some() && t.held.get(&ino).is_some_and(|h| h.mode >= mode)
+        Caps::usable(&mut self.lock(), ino).is_some_and(|h| h.mode >= mode)
     }
 
     /// The kernel TTL for what this client knows of `ino`: zero without a usable cap.
@@ -159,17 +209,15 @@ impl Caps {
 
     /// The cached attributes of `ino` and their kernel TTL, under a usable cap.
     pub fn cached_attr(&self, ino: InodeId) -> Option<(Attr, Duration)> {
-        let t = self.lock();
+        let mut t = self.lock();
         let left = Caps::remaining(&t)?;
-        let attr = t.held.get(&ino)?.attr.clone()?;
+        let attr = Caps::usable(&mut t, ino)?.attr.clone()?;
         Some((attr, left.min(KERNEL_TTL_MAX)))
     }
 
     /// The inode cached for `name` in `parent`, under a usable cap on the directory.
     pub fn cached_name(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
-        let t = self.lock();
-        Caps::remaining(&t)?;
-        t.held.get(&parent)?.names.get(name).copied()
+        Caps::usable(&mut self.lock(), parent)?.names.get(name).copied()
     }
 
     /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held.
@@ -310,7 +358,8 @@ impl Caps {
                 let (ino, listing) = (attr.ino, (attr.kind == FileKind::Dir).then(HashMap::new));
                 let place = Some((parent, name.to_vec()));
                 let mode = CapMode::Exclusive;
-                let held = Held { mode, attr: Some(attr), listing, place, ..empty_held() };
+                let used = t.tick;
+                let held = Held { mode, attr: Some(attr), listing, place, used, ..empty_held() };
                 t.held.insert(ino, held);
             }
             Change::Removed { child, at, keep, .. } => match keep {
@@ -410,11 +459,13 @@ impl Caps {
             cap_seq_term(seq) < t.term || t.recalled.get(&ino).is_some_and(|&r| r >= seq)
         };
         let mut stored = false;
+        let used = t.tick;
         if !late(&t, grant.attr.ino, grant.seq) {
             let held = Held { mode: grant.mode, seq: grant.seq, ..empty_held() };
             let h = t.held.entry(grant.attr.ino).or_insert(held);
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
+            h.used = used;
             keep_newest(&mut h.attr, &grant.attr);
             stored = true;
         }
@@ -423,6 +474,7 @@ impl Caps {
                 let held = Held { seq: grant.dir_seq, ..empty_held() };
                 let h = t.held.entry(parent).or_insert(held);
                 h.seq = h.seq.max(grant.dir_seq);
+                h.used = used;
                 h.names.insert(name.to_vec(), grant.attr.ino);
             }
         }
@@ -437,10 +489,11 @@ impl Caps {
         (held.collect(), t.term)
     }
 
-    /// Notes the term a poll answer named.
+    /// Notes the term a poll answer named, and advances the use clock.
     fn learn_term(&self, term: u64) {
         let mut t = self.lock();
         t.term = t.term.max(term);
+        t.tick += 1;
     }
 
     /// Starts recalling `r`: later operations on the inode run uncapped. Returns the cap
@@ -782,6 +835,7 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
                     for r in recalls {
                         tokio::spawn(recall(sh.clone(), r));
                     }
+                    give_back_idle(&sh);
                 }
                 Ok(other) => tracing::warn!("{}", unexpected("CapEvents", &other)),
                 Err(FsError::SessionExpired) => {
@@ -798,6 +852,25 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
             }
         }
     })
+}
+
+/// Gives back, in the background, the least recently used caps while the client holds
+/// more than its bound (see the module doc, "Bounded"); one such task at a time.
+fn give_back_idle(sh: &Arc<Shared>) {
+    let idle = sh.caps.over_bound(|ino| sh.open_file(ino).is_some());
+    if idle.is_empty() || sh.caps.trimming.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tracing::debug!("holding more than {} caps: giving {} back", sh.caps.max, idle.len());
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        for r in idle {
+            // As for a recall: nobody else waits for it, but the leader must hear the
+            // ack before it may forget the grant, and the kernel forget first.
+            recall(sh.clone(), r).await;
+        }
+        sh.caps.trimming.store(false, Ordering::Release);
+    });
 }
 
 /// Drops what was cached under the caps `dropped`, the kernel's caches included.
@@ -893,7 +966,7 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
 
 fn empty_held() -> Held {
     let names = HashMap::new();
-    Held { mode: CapMode::Shared, seq: 0, attr: None, names, listing: None, place: None }
+    Held { mode: CapMode::Shared, seq: 0, attr: None, names, listing: None, place: None, used: 0 }
 }
 
 /// Tells the leader the cap is gone. A lost ack costs the recaller a lease at most.

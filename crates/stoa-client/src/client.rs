@@ -24,7 +24,13 @@ pub struct ClientConfig {
     pub meta: Vec<SocketAddr>,
     /// A name for the session, shown in cluster status.
     pub name: String,
+    /// The most caps the client keeps; beyond it, it gives the least recently used ones
+    /// back (see `caps.rs`, "Bounded"), so meta's table stays bounded too.
+    pub caps_max: usize,
 }
+
+/// The default of [`ClientConfig::caps_max`], like CephFS's client cache size.
+pub const CAPS_MAX_DEFAULT: usize = 16_384;
 
 /// An open file, as returned by [`Client::open`]. Unique within one client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,7 +114,7 @@ impl Client {
             locked: Mutex::new(HashMap::new()),
             renewal: Mutex::new(Some(spawn_renewal(&session))),
             session,
-            caps: Caps::new(),
+            caps: Caps::new(cfg.caps_max),
             events: Mutex::new(None),
             appending: tokio::sync::Mutex::new(()),
             dirops: DirOps::default(),

@@ -36,7 +36,7 @@ mod split;
 mod write_buffer;
 
 pub use caps::{KernelCache, Pinned};
-pub use client::{Client, ClientConfig, FileHandle};
+pub use client::{Client, ClientConfig, FileHandle, CAPS_MAX_DEFAULT};
 pub use locks::LockRequest;
 pub use namespace::Owner;
 pub use stoa_proto::{FileLock, LockKind};

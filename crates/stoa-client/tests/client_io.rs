@@ -13,7 +13,11 @@ const ROOT_OWNER: Owner = Owner { uid: 0, gid: 0 };
 
 async fn setup() -> (FakeCluster, Client) {
     let cluster = FakeCluster::start(CHUNK).await;
-    let cfg = ClientConfig { meta: vec![cluster.addr], name: "test".into() };
+    let cfg = ClientConfig {
+        meta: vec![cluster.addr],
+        name: "test".into(),
+        caps_max: stoa_client::CAPS_MAX_DEFAULT,
+    };
     let client = Client::connect(cfg).await.unwrap();
     (cluster, client)
 }

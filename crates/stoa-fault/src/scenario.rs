@@ -76,6 +76,10 @@ impl Scenario {
                 "the cut-off mount can hang after its caps lapse (two kernel entry \
                  invalidations wait on operations that never return), about one run in three",
             ),
+            Scenario::DiskFull => Some(
+                "register reads go back around the moment the disk fills, about 1 run in 6 (one \
+                 cause fixed: a failed write's bytes left in the writer's page cache)",
+            ),
             _ => None,
         }
     }

@@ -40,6 +40,8 @@ pub struct MountConfig {
     pub mountpoint: PathBuf,
     /// The client's name, shown in cluster status.
     pub name: String,
+    /// The most caps the client keeps ([`stoa_client::ClientConfig::caps_max`]).
+    pub caps_max: usize,
 }
 
 /// How long shutdown waits for the kernel to end the session after the unmount.
@@ -58,9 +60,8 @@ pub async fn mount(
     let path = tokio::task::spawn_blocking(move || mountpoint::prepare(&requested))
         .await
         .expect("mount point check panicked")?;
-    let client = Client::connect(ClientConfig { meta: cfg.meta, name: cfg.name })
-        .await
-        .map_err(FuseError::Connect)?;
+    let client_cfg = ClientConfig { meta: cfg.meta, name: cfg.name, caps_max: cfg.caps_max };
+    let client = Client::connect(client_cfg).await.map_err(FuseError::Connect)?;
     let kernel = fs::Kernel::default();
     let fs = fs::StoaFs::new(client.clone(), tokio::runtime::Handle::current(), kernel.clone());
     let config = fuse_config();

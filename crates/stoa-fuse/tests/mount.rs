@@ -76,7 +76,12 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
     let cluster = fake_cluster::FakeCluster::start(1 << 20).await;
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().canonicalize().unwrap();
-    let cfg = MountConfig { meta: vec![cluster.addr], mountpoint: mnt.clone(), name: "t".into() };
+    let cfg = MountConfig {
+        meta: vec![cluster.addr],
+        mountpoint: mnt.clone(),
+        name: "t".into(),
+        caps_max: stoa_client::CAPS_MAX_DEFAULT,
+    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(mount(cfg.clone(), async move {
         let _ = stopped.await;
@@ -123,6 +128,7 @@ async fn a_missing_mount_point_is_a_clear_error() {
         meta: vec!["127.0.0.1:1".parse().unwrap()],
         mountpoint: PathBuf::from("/nonexistent/stoa-mnt"),
         name: "t".into(),
+        caps_max: stoa_client::CAPS_MAX_DEFAULT,
     };
     let err = mount(cfg, std::future::pending()).await.unwrap_err();
     assert!(err.to_string().contains("/nonexistent/stoa-mnt"), "{err}");

@@ -253,6 +253,11 @@ impl CapTable {
         }
     }
 
+    /// How many grants the table holds, over every inode and session.
+    pub fn count(&self) -> u64 {
+        self.lock().inodes.values().map(|holders| holders.len() as u64).sum()
+    }
+
     /// Every holder of `ino` other than `except`.
     fn others(&self, ino: InodeId, except: SessionId) -> Vec<(SessionId, Holder)> {
         let s = self.lock();

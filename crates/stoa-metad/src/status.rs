@@ -74,6 +74,7 @@ impl Node {
             chains: table.chains,
             table_version: table.version,
             files,
+            caps: if leading { self.caps.count() } else { 0 },
         })
     }
 

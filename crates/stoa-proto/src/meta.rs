@@ -558,4 +558,7 @@ pub struct ClusterStatus {
     pub chains: Vec<Chain>,
     pub table_version: u64,
     pub files: u64,
+    /// Capabilities the leader has granted and not had back (0 when no leader answered):
+    /// every client keeps at most its `caps_max`, so this stays bounded.
+    pub caps: u64,
 }

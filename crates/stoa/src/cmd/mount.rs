@@ -16,7 +16,11 @@ pub struct Args {
     /// A `stoa dev` directory: mount that cluster.
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// TOML file with the key `meta`; flags win over it.
+    /// The most capabilities (cached inodes) this mount keeps; past it, the least
+    /// recently used are given back to meta. Default 16384.
+    #[arg(long)]
+    caps_max: Option<usize>,
+    /// TOML file with the keys `meta` and `caps_max`; flags win over it.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -25,12 +29,20 @@ pub struct Args {
 #[serde(deny_unknown_fields)]
 struct File {
     meta: Option<String>,
+    caps_max: Option<usize>,
 }
+
+/// Fewer caps than this would have a mount give back what it is using.
+const CAPS_MAX_MIN: usize = 64;
 
 pub fn main(args: Args) -> anyhow::Result<()> {
     let file: File = config::load_file(args.config.as_deref())?;
     let meta = super::meta_addrs(args.meta.or(file.meta).as_deref(), args.dir.as_deref())?;
-    let cfg = MountConfig { meta, mountpoint: args.mountpoint, name: client_name() };
+    let caps_max = args.caps_max.or(file.caps_max).unwrap_or(stoa_client::CAPS_MAX_DEFAULT);
+    if caps_max < CAPS_MAX_MIN {
+        anyhow::bail!("caps_max is {caps_max}; it must be at least {CAPS_MAX_MIN}");
+    }
+    let cfg = MountConfig { meta, mountpoint: args.mountpoint, name: client_name(), caps_max };
     let rt = crate::signal::runtime()?;
     rt.block_on(async move {
         let shutdown = crate::signal::shutdown()?;

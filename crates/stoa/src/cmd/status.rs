@@ -98,6 +98,7 @@ pub fn to_json(s: &ClusterStatus) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "table_version": s.table_version,
         "files": s.files,
+        "caps": s.caps,
     })
 }
 
@@ -129,7 +130,7 @@ pub fn render(s: &ClusterStatus) -> String {
         s.term,
         s.last_applied
     );
-    let _ = writeln!(out, "Files        {}\n", s.files);
+    let _ = writeln!(out, "Files        {}   (caps granted: {})\n", s.files, s.caps);
     let _ = writeln!(out, "Meta replicas");
     let _ = writeln!(out, "  {:<4} {:<22} {:<8} {:<4} LOG", "ID", "ADDRESS", "ROLE", "UP");
     for m in &s.members {

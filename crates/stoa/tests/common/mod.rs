@@ -370,6 +370,11 @@ pub struct Mount {
 
 impl Mount {
     pub fn new(dev: &Dev, name: &str) -> Mount {
+        Mount::with_args(dev, name, &[])
+    }
+
+    /// A mount of `dev`'s cluster at `../name` with `extra` flags for `stoa mount`.
+    pub fn with_args(dev: &Dev, name: &str, extra: &[&str]) -> Mount {
         let path = dev.dir.join(format!("../{name}"));
         std::fs::create_dir_all(&path).unwrap();
         let path = path.canonicalize().unwrap();
@@ -377,6 +382,7 @@ impl Mount {
         let mut child = Command::new(STOA)
             .args(["mount", "--dir"])
             .arg(&dev.dir)
+            .args(extra)
             .arg(&path)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
