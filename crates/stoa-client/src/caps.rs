@@ -796,6 +796,26 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Passes `result` of an fsync or flush (close) of `ino` on, dropping the kernel's
+    /// pages and attributes of the file first when it failed: a write(2) left its bytes
+    /// in the kernel's page cache, and once the application hears that they never
+    /// reached the chunk servers, no read may return them (one read seeing a failed
+    /// write and a later one not, after a recall dropped the pages, is what the
+    /// disk-full fault runs found). Neither request holds page locks while it waits for
+    /// its answer, so the invalidation cannot wait on it.
+    pub(crate) async fn forget_failed_writes(
+        &self,
+        ino: InodeId,
+        result: Result<(), FsError>,
+    ) -> Result<(), FsError> {
+        if result.is_err() {
+            invalidate_kernel(&self.sh, vec![(ino, empty_held())]).await;
+        }
+        result
+    }
+}
+
 /// Runs the events stream of `sh`'s session until the client goes away: polls the
 /// leader, handles recalls, and drops every cap when the session was lost or could not be
 /// renewed in time.

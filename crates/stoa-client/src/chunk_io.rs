@@ -57,9 +57,9 @@ impl ChunkIo {
     }
 
     /// A new write id: every attempt of one mutation carries the same one.
-    fn write_id(&self) -> Option<WriteId> {
+    fn write_id(&self) -> WriteId {
         let seq = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
-        Some(WriteId { session: self.session.id(), seq })
+        WriteId { session: self.session.id(), seq }
     }
 
     /// Writes `data`, the bytes of `ranges` (`(offset, len)` in the chunk) back to back,
@@ -72,7 +72,7 @@ impl ChunkIo {
         data: Bytes,
         deadline: Deadline<'_>,
     ) -> Result<(), FsError> {
-        let id = self.write_id();
+        let id = Some(self.write_id());
         let op = match ranges.len() {
             1 => {
                 let offset = ranges.pop().expect("one range").0;
@@ -91,7 +91,7 @@ impl ChunkIo {
         len: u32,
         deadline: Deadline<'_>,
     ) -> Result<(), FsError> {
-        let op = ChunkOp::Truncate { chunk, len, version: None, id: self.write_id() };
+        let op = ChunkOp::Truncate { chunk, len, version: None, id: Some(self.write_id()) };
         match self.to_head("truncate", chunk, op, Bytes::new(), deadline).await {
             Ok(_) | Err(FsError::NotFound) => Ok(()),
             Err(e) => Err(e),

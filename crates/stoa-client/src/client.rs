@@ -372,8 +372,9 @@ impl Client {
     /// Sends the buffered writes of the handle's file and waits for them.
     pub async fn flush(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
-        handle.file.flush(&self.sh, &handle.errors).await?;
-        self.check_session(&handle)
+        let flushed = handle.file.flush(&self.sh, &handle.errors).await;
+        let flushed = flushed.and_then(|()| self.check_session(&handle));
+        self.forget_failed_writes(handle.file.ino, flushed).await
     }
 
     /// Flushes, then makes the file's data durable on every replica.
@@ -381,8 +382,9 @@ impl Client {
         let handle = self.sh.handle(fh)?;
         // The file's create (and every other change made before) is on meta first.
         self.sync_namespace().await;
-        handle.file.fsync(&self.sh, &handle.errors).await?;
-        self.check_session(&handle)
+        let synced = handle.file.fsync(&self.sh, &handle.errors).await;
+        let synced = synced.and_then(|()| self.check_session(&handle));
+        self.forget_failed_writes(handle.file.ino, synced).await
     }
 
     /// Fails for a handle opened in a session meta has expired since: what the client

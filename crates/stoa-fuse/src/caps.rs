@@ -6,7 +6,7 @@ use crate::fs::{fail, Kernel};
 use fuser::{FileHandle, INodeNo, ReplyWrite};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use stoa_client::{Client, FsError, InodeId, KernelCache};
+use stoa_client::{Client, InodeId, KernelCache};
 
 /// The mount's FUSE notifier, as the client's [`KernelCache`]. Before the session exists
 /// there is nothing cached to drop.
@@ -28,26 +28,6 @@ impl KernelCache for Notify {
             if let Err(e) = kernel.inval_entry(INodeNo(parent.0), OsStr::from_bytes(name)) {
                 tracing::debug!("invalidating entry {parent}/{:?}: {e}", OsStr::from_bytes(name));
             }
-        }
-    }
-}
-
-/// Before an fsync or a flush (close) reports that the file's writes failed, drops the
-/// kernel's pages and attributes of the file: a write(2) left its bytes in the kernel's
-/// page cache, and once the application has heard that they never reached the chunk
-/// servers, no read may return them (one read seeing a failed write and a later one not,
-/// after a recall dropped the pages, is what the disk-full fault runs found). Neither
-/// request holds page locks while it waits for its answer, so this cannot wait on
-/// itself.
-pub async fn forget_failed_writes(kernel: &Kernel, i: INodeNo, result: &Result<(), FsError>) {
-    if result.is_err() {
-        let kernel = kernel.clone();
-        let dropped = tokio::task::spawn_blocking(move || match kernel.get() {
-            Some(k) => k.inval_inode(i, 0, 0),
-            None => Ok(()),
-        });
-        if let Ok(Err(e)) = dropped.await {
-            tracing::debug!("dropping the pages of inode {} after a failed write: {e}", i.0);
         }
     }
 }

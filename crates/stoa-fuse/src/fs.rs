@@ -424,10 +424,8 @@ impl Filesystem for StoaFs {
     ) {
         // Any close drops the closing process's POSIX locks on the file.
         let mut unlock = self.locks.unlocking(i.0, lock_owner.0);
-        let kernel = self.kernel.clone();
         self.spawn(|c| async move {
             let flushed = c.flush(fh(h)).await;
-            crate::caps::forget_failed_writes(&kernel, i, &flushed).await;
             unlock.ready().await;
             let unlocked = c.release_locks(ino(i), lock_owner.0).await;
             drop(unlock);
@@ -498,13 +496,15 @@ impl Filesystem for StoaFs {
         });
     }
 
-    fn fsync(&self, _req: &Request, i: INodeNo, h: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        let kernel = self.kernel.clone();
-        self.spawn(|c| async move {
-            let synced = c.fsync(fh(h)).await;
-            crate::caps::forget_failed_writes(&kernel, i, &synced).await;
-            reply_empty(reply, "fsync", synced)
-        });
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move { reply_empty(reply, "fsync", c.fsync(fh(h)).await) });
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -66,6 +66,31 @@ pub enum ChunkOp {
 }
 
 impl ChunkOp {
+    /// For a replicated mutation (write, ranges, truncate), the version it carries:
+    /// `Some(None)` on its way to the head, which assigns one, `Some(Some(v))` once
+    /// forwarded down the chain. `None` for every other operation.
+    pub fn mutation_version(&self) -> Option<Option<u64>> {
+        match self {
+            ChunkOp::Write { version, .. }
+            | ChunkOp::WriteRanges { version, .. }
+            | ChunkOp::Truncate { version, .. } => Some(*version),
+            _ => None,
+        }
+    }
+
+    /// This mutation as the head passes it down the chain: at `version` unless it
+    /// already carries one (then it is passed on as it came). Other operations are
+    /// returned as they are.
+    pub fn forwarded_at(mut self, assigned: u64) -> ChunkOp {
+        if let ChunkOp::Write { version, .. }
+        | ChunkOp::WriteRanges { version, .. }
+        | ChunkOp::Truncate { version, .. } = &mut self
+        {
+            version.get_or_insert(assigned);
+        }
+        self
+    }
+
     /// The chunk this operation is about, if it is about one.
     pub fn chunk(&self) -> Option<ChunkId> {
         match self {
@@ -109,4 +134,23 @@ pub struct ChunkListing {
     /// version by the new head) differ here, so a resync copies them instead of keeping
     /// bytes nobody acknowledged.
     pub digest: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoa_types::InodeId;
+
+    #[test]
+    fn a_mutation_is_forwarded_at_the_version_the_head_assigned_and_keeps_one_it_had() {
+        let chunk = ChunkId { ino: InodeId(3), index: 0 };
+        let ranges = ChunkOp::WriteRanges { chunk, ranges: vec![(0, 1)], version: None, id: None };
+        assert_eq!(ranges.mutation_version(), Some(None));
+        let forwarded = ranges.forwarded_at(7);
+        assert_eq!(forwarded.mutation_version(), Some(Some(7)));
+        assert_eq!(forwarded.forwarded_at(9).mutation_version(), Some(Some(7)));
+        let read = ChunkOp::Read { chunk, offset: 0, len: 1 };
+        assert_eq!(read.mutation_version(), None);
+        assert_eq!(read.clone().forwarded_at(7), read);
+    }
 }

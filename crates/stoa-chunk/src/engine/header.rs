@@ -68,12 +68,8 @@ impl Header {
     /// CRC32C over the length and the block checksums: equal for replicas with equal
     /// bytes, and almost surely not for others (see `ChunkListing::digest`).
     pub fn digest(&self) -> u32 {
-        let mut bytes = Vec::with_capacity(4 + 4 * self.crcs.len());
-        bytes.extend_from_slice(&self.len.to_le_bytes());
-        for crc in &self.crcs {
-            bytes.extend_from_slice(&crc.to_le_bytes());
-        }
-        crc32c::crc32c(&bytes)
+        let len = crc32c::crc32c(&self.len.to_le_bytes());
+        self.crcs.iter().fold(len, |digest, crc| crc32c::crc32c_append(digest, &crc.to_le_bytes()))
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -67,12 +67,7 @@ impl Server {
                 other => Err(FsError::Invalid(format!("{other:?} is not a chunk mutation"))),
             })
             .await;
-        let forwarded_here = matches!(
-            op,
-            ChunkOp::Write { version: Some(_), .. }
-                | ChunkOp::WriteRanges { version: Some(_), .. }
-                | ChunkOp::Truncate { version: Some(_), .. }
-        );
+        let forwarded_here = matches!(op.mutation_version(), Some(Some(_)));
         // Whether this replica's copy is the one the whole chain has once the forward
         // succeeds: not when a duplicate's version lies behind later mutations here.
         let mut settles = true;
@@ -93,19 +88,7 @@ impl Server {
         };
         // Forward even what was skipped here: a server further down may still miss it,
         // and it skips too if not.
-        let forwarded = match op {
-            ChunkOp::Write { chunk, offset, version: ours, id } => {
-                ChunkOp::Write { chunk, offset, version: Some(ours.unwrap_or(version)), id }
-            }
-            ChunkOp::WriteRanges { chunk, ranges, version: ours, id } => {
-                ChunkOp::WriteRanges { chunk, ranges, version: Some(ours.unwrap_or(version)), id }
-            }
-            ChunkOp::Truncate { chunk, len, version: ours, id } => {
-                ChunkOp::Truncate { chunk, len, version: Some(ours.unwrap_or(version)), id }
-            }
-            other => other,
-        };
-        if let Err(e) = self.forward(chain, chunk, forwarded, payload).await {
+        if let Err(e) = self.forward(chain, chunk, op.forwarded_at(version), payload).await {
             // Applied here, not (known to be) further down: this replica is ahead of
             // its successors until a later mutation of the chunk reaches all of them.
             self.unsettle(chunk);
@@ -131,10 +114,8 @@ impl Server {
     /// The free space a mutation must leave: the whole reserve at the head, half of it
     /// further down (see `Limits::reserve_bytes`).
     pub(super) fn reserve_for(&self, op: &ChunkOp) -> u64 {
-        match op {
-            ChunkOp::Write { version: None, .. }
-            | ChunkOp::WriteRanges { version: None, .. }
-            | ChunkOp::Truncate { version: None, .. } => self.limits.reserve_bytes,
+        match op.mutation_version() {
+            Some(None) => self.limits.reserve_bytes,
             _ => self.limits.reserve_bytes / 2,
         }
     }
