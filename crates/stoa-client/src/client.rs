@@ -309,6 +309,23 @@ impl Client {
         self.sh.forget_if_unused(file.ino);
     }
 
+    /// Notes, before a read through `fh` is answered, that the kernel keeps what it
+    /// returns in its page cache (a handle opened without direct I/O). A direct write
+    /// of the file then drops the pages it wrote before it returns: the kernel drops
+    /// them before it sends the write, but a read answered in between would put the old
+    /// bytes back (caps.md invariant 21).
+    pub fn note_kernel_pages(&self, fh: FileHandle) {
+        if let Ok(handle) = self.sh.handle(fh) {
+            handle.file.note_kernel_pages();
+        }
+    }
+
+    /// Whether the kernel may have cached pages of the file behind `fh` since the last
+    /// call; the caller drops them from the kernel next.
+    pub fn take_kernel_pages(&self, fh: FileHandle) -> bool {
+        self.sh.handle(fh).is_ok_and(|handle| handle.file.take_kernel_pages())
+    }
+
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file. Needs
     /// a shared cap, so that another client's buffered writes landed first.
     pub async fn read(&self, fh: FileHandle, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {

@@ -24,7 +24,7 @@ use crate::read::Prefetch;
 use crate::split::{chunk_span, split};
 use crate::write_buffer::{clip, Batch, Extent, WriteBuffer};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use stoa_proto::{MetaOp, MetaResponse};
 use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr};
@@ -53,6 +53,9 @@ pub(crate) struct FileState {
     /// first open and the last release; the lock is held across an open's call, and a
     /// release is queued under it, so that an open and a release never cross.
     pub meta_open: tokio::sync::Mutex<Option<MetaOpen>>,
+    /// Whether the kernel may have put pages of the file in its cache since a direct
+    /// write last dropped them (see [`crate::Client::note_kernel_pages`]).
+    kernel_pages: AtomicBool,
 }
 
 /// The session meta knows this client has a file open in, and its handles there.
@@ -215,7 +218,16 @@ impl FileState {
             changed: Notify::new(),
             io_lock: tokio::sync::RwLock::new(()),
             meta_open: tokio::sync::Mutex::new(None),
+            kernel_pages: AtomicBool::new(false),
         }
+    }
+
+    pub fn note_kernel_pages(&self) {
+        self.kernel_pages.store(true, Ordering::Release);
+    }
+
+    pub fn take_kernel_pages(&self) -> bool {
+        self.kernel_pages.swap(false, Ordering::AcqRel)
     }
 
     pub fn lock(&self) -> MutexGuard<'_, FileInner> {

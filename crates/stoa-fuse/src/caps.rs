@@ -33,9 +33,10 @@ impl KernelCache for Notify {
 }
 
 /// An `O_APPEND` write: the client appends at the end of the file as every mount sees
-/// it. When that is not where the kernel thought the file ended, the kernel's pages of
-/// the range written are dropped after the answer (the file is open with direct I/O, so
-/// the kernel put nothing there itself).
+/// it. When that is not where the kernel thought the file ended, or the kernel may have
+/// cached pages of the file meanwhile, the kernel's pages of the range written are dropped
+/// before the answer (the file is open with direct I/O, so the kernel put nothing there
+/// itself).
 pub async fn append(
     c: Client,
     kernel: Kernel,
@@ -47,18 +48,25 @@ pub async fn append(
 ) {
     match c.write_append(stoa_client::FileHandle(h.0), &data).await {
         Ok(offset) => {
-            reply.written(data.len() as u32);
-            if offset != kernel_offset {
-                let len = data.len() as i64;
-                let dropped = tokio::task::spawn_blocking(move || match kernel.get() {
-                    Some(k) => k.inval_inode(i, offset as i64, len),
-                    None => Ok(()),
-                });
-                if let Ok(Err(e)) = dropped.await {
-                    tracing::debug!("invalidating appended pages of inode {}: {e}", i.0);
-                }
+            let fh = stoa_client::FileHandle(h.0);
+            if c.take_kernel_pages(fh) || offset != kernel_offset {
+                drop_pages(&kernel, i, offset, data.len()).await;
             }
+            reply.written(data.len() as u32);
         }
         Err(e) => reply.error(fail("write", &e)),
+    }
+}
+
+/// Drops the kernel's cached pages of `len` bytes of inode `i` at `offset`.
+pub async fn drop_pages(kernel: &Kernel, i: INodeNo, offset: u64, len: usize) {
+    let kernel = kernel.clone();
+    let (offset, len) = (offset as i64, len as i64);
+    let dropped = tokio::task::spawn_blocking(move || match kernel.get() {
+        Some(k) => k.inval_inode(i, offset, len),
+        None => Ok(()),
+    });
+    if let Ok(Err(e)) = dropped.await {
+        tracing::debug!("invalidating pages of inode {}: {e}", i.0);
     }
 }

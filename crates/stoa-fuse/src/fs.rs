@@ -46,13 +46,16 @@ pub struct StoaFs {
     locks: Arc<LockBook>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_dir: AtomicU64,
+    /// Whether opens for writing use direct I/O (the kernel allows shared mappings of
+    /// such files only since Linux 6.6, with `FUSE_DIRECT_IO_ALLOW_MMAP`).
+    direct_writes: bool,
 }
 
 impl StoaFs {
     pub fn new(client: Client, rt: tokio::runtime::Handle, kernel: Kernel) -> StoaFs {
         let (dirs, next_dir) = (Mutex::new(HashMap::new()), AtomicU64::new(1));
         let locks = Arc::new(LockBook::default());
-        StoaFs { client, rt, kernel, locks, dirs, next_dir }
+        StoaFs { client, rt, kernel, locks, dirs, next_dir, direct_writes: false }
     }
 
     /// Runs `op` with a clone of the client: first right here on fuser's thread, and
@@ -98,11 +101,16 @@ fn owner(req: &Request) -> Owner {
 }
 
 /// How the kernel treats a new open file. `O_APPEND` writes go around the page cache
-/// (the client picks their offset, the true end of file, which the kernel may not know);
-/// other opens keep the kernel's cached pages while this client holds a cap on the file
-/// (a change elsewhere would have recalled it and dropped them).
-fn open_flags(c: &Client, ino: InodeId, flags: i32) -> FopenFlags {
-    if flags & libc::O_APPEND != 0 {
+/// (the client picks their offset, the true end of file, which the kernel may not know),
+/// and so do all writes where the kernel allows it (`direct_writes`): the kernel copies a
+/// write into its cached pages before it sends it, where other processes of this mount
+/// would read it before the client took the exclusive cap that orders it against every
+/// other mount (caps.md invariant 21). Read-only opens keep the kernel's cached pages
+/// while this client holds a cap on the file (a change elsewhere would have recalled it
+/// and dropped them).
+fn open_flags(c: &Client, ino: InodeId, flags: i32, direct_writes: bool) -> FopenFlags {
+    let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+    if flags & libc::O_APPEND != 0 || (writes && direct_writes) {
         FopenFlags::FOPEN_DIRECT_IO
     } else if c.may_keep_cache(ino) {
         FopenFlags::FOPEN_KEEP_CACHE
@@ -186,6 +194,16 @@ impl Filesystem for StoaFs {
         // O_DIRECT requests of an asynchronous submitter (libaio, io_uring) reach us
         // together, not one after another, so a queue depth of 64 means 64 in flight.
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        // Writes go around the page cache (see `open_flags`) only if shared mappings of
+        // such files still work.
+        self.direct_writes = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_ok();
+        if !self.direct_writes {
+            tracing::warn!(
+                "the kernel cannot map files opened with direct I/O: writes go through its \
+                 page cache, where other processes of this mount may read them before they \
+                 are ordered against other mounts"
+            );
+        }
         // Without these the kernel keeps fcntl and flock locks to this machine; with them
         // every lock goes to meta and holds across the cluster.
         if let Err(missing) =
@@ -362,9 +380,13 @@ impl Filesystem for StoaFs {
     }
 
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let direct_writes = self.direct_writes;
         self.spawn(move |c| async move {
             match c.open(ino(i)).await {
-                Ok(handle) => reply.opened(FileHandle(handle.0), open_flags(&c, ino(i), flags.0)),
+                Ok(handle) => {
+                    let open = open_flags(&c, ino(i), flags.0, direct_writes);
+                    reply.opened(FileHandle(handle.0), open);
+                }
                 Err(e) => reply.error(fail("open", &e)),
             }
         });
@@ -377,10 +399,13 @@ impl Filesystem for StoaFs {
         h: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if self.direct_writes && flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
+            self.client.note_kernel_pages(fh(h));
+        }
         self.spawn(|c| async move {
             match c.read(fh(h), offset, size).await {
                 Ok(data) => reply.data(&data),
@@ -406,9 +431,17 @@ impl Filesystem for StoaFs {
             let kernel = self.kernel.clone();
             return self.spawn(|c| crate::caps::append(c, kernel, i, h, offset, data, reply));
         }
+        let (kernel, direct_writes) = (self.kernel.clone(), self.direct_writes);
         self.spawn(|c| async move {
             match c.write(fh(h), offset, &data).await {
-                Ok(n) => reply.written(n),
+                Ok(n) => {
+                    // A read answered while the kernel sent this write may have put the
+                    // old bytes back in its cache (see `Client::note_kernel_pages`).
+                    if direct_writes && c.take_kernel_pages(fh(h)) {
+                        crate::caps::drop_pages(&kernel, i, offset, data.len()).await;
+                    }
+                    reply.written(n)
+                }
                 Err(e) => reply.error(fail("write", &e)),
             }
         });
@@ -671,6 +704,7 @@ impl Filesystem for StoaFs {
     ) {
         let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         let (name, owner) = (bytes(name), owner(req));
+        let direct_writes = self.direct_writes;
         self.spawn(|c| async move {
             // A regular file is created and opened in one meta call (one log entry).
             let opened = if kind == FileKind::File {
@@ -684,7 +718,7 @@ impl Filesystem for StoaFs {
             match opened {
                 Ok((attr, handle)) => {
                     let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
-                    let open = open_flags(&c, attr.ino, flags);
+                    let open = open_flags(&c, attr.ino, flags, direct_writes);
                     let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
                     reply.created(&ttl, &fa, Generation(0), h, open);
                 }

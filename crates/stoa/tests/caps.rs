@@ -399,3 +399,49 @@ fn a_mount_keeps_no_more_caps_than_its_bound_and_stays_coherent() {
         );
     }
 }
+
+/// Rewrites FILE's first bytes with ARGV[2] and fsyncs it, printing "done".
+const OVERWRITER: &str = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+os.pwrite(fd, sys.argv[2].encode(), 0)
+os.fsync(fd)
+print("done", flush=True)
+"#;
+
+#[test]
+fn a_write_still_waiting_for_its_cap_is_not_read_on_its_own_mount() {
+    let dev = Dev::start(3, 3);
+    let (a, other) = (dev.mnt.join("register"), Mount::new(&dev, "mnt2"));
+    let b = other.path.join("register");
+    std::fs::write(&a, b"old-value").unwrap();
+    // Both mounts read it: both hold shared caps, and this mount's kernel caches the page.
+    assert_eq!(std::fs::read(&b).unwrap(), b"old-value");
+    for _ in 0..2 {
+        assert_eq!(std::fs::read(&a).unwrap(), b"old-value");
+    }
+    // The other mount stops answering: a write here waits for its lease to run out
+    // before it gets the exclusive cap.
+    // SAFETY: plain kill(2) of a child of ours.
+    unsafe { libc::kill(other.pid() as i32, libc::SIGSTOP) };
+    let writer = Command::new("python3")
+        .args(["-c", OVERWRITER])
+        .arg(&a)
+        .arg("new-value")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    // Another process of this mount reads meanwhile: the write is not ordered against
+    // the other mount yet (its process may still read the old value), so neither here.
+    let read = std::fs::read(&a).unwrap();
+    let mut writer = writer;
+    let pending = writer.try_wait().unwrap().is_none();
+    // SAFETY: as above.
+    unsafe { libc::kill(other.pid() as i32, libc::SIGCONT) };
+    let out = writer.wait_with_output().unwrap();
+    assert!(pending, "the write did not wait for the stopped mount's cap");
+    assert_eq!(read, b"old-value", "a process read a write before it was ordered");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done");
+    assert_eq!(std::fs::read(&a).unwrap(), b"new-value");
+}
