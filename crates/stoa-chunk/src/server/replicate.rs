@@ -68,35 +68,37 @@ impl Server {
             })
             .await;
         let forwarded_here = matches!(op.mutation_version(), Some(Some(_)));
-        // Whether this replica's copy is the one the whole chain has once the forward
-        // succeeds: not when a duplicate's version lies behind later mutations here.
-        let mut settles = true;
-        let version = match self.checked(chunk, applied) {
+        let (version, local) = match self.checked(chunk, applied) {
             Ok(Outcome::Duplicate { version, local }) => {
                 tracing::info!(
                     "chunk {chunk}: a retried mutation was applied at v{version} already \
                      (now v{local}); passing it down the chain again instead"
                 );
-                settles = version == local;
-                version
+                (version, local)
             }
-            Ok(outcome) => outcome.version(),
+            Ok(Outcome::Skipped(local)) => (local, local),
+            Ok(Outcome::Applied(version)) => (version, version),
             // The head applied nothing when it fails; a server further down is now
             // behind its predecessor (see `unsettle`).
             Err(e) if forwarded_here => return Err(self.behind(chunk, e)),
             Err(e) => return Err(e),
         };
+        let op = op.forwarded_at(version);
+        // A mutation behind later ones applied here (a retry whose first attempt went no
+        // further than this replica, overtaken by another client's write): a server
+        // further down that misses it misses those too, and taking it alone it would
+        // serve its bytes as the chunk's (a register read going back, `stoa-fault --seed
+        // 15 --scenario chunk-pause`), so it gets this replica's whole copy first.
+        let whole = op.mutation_version().flatten().is_some_and(|sent| sent < local);
         // Forward even what was skipped here: a server further down may still miss it,
         // and it skips too if not.
-        if let Err(e) = self.forward(chain, chunk, op.forwarded_at(version), payload).await {
+        if let Err(e) = self.forward(chain, chunk, op, payload, whole).await {
             // Applied here, not (known to be) further down: this replica is ahead of
             // its successors until a later mutation of the chunk reaches all of them.
             self.unsettle(chunk);
             return Err(e);
         }
-        if settles {
-            self.settle(chunk);
-        }
+        self.settle(chunk);
         Ok(version)
     }
 
@@ -123,18 +125,22 @@ impl Server {
     /// Sends a mutation to the next server of the write path. A successor with a gap
     /// answers `Stale`: it gets our whole chunk (we hold the chunk's ordering lock, so
     /// our copy cannot change meanwhile) and then the mutation again, which it skips and
-    /// passes on.
+    /// passes on. With `whole`, the successor gets the whole chunk first (a no-op for a
+    /// successor already at our version).
     async fn forward(
         &self,
         chain: &Chain,
         chunk: ChunkId,
         op: ChunkOp,
         payload: Bytes,
+        whole: bool,
     ) -> Result<(), FsError> {
         let Some(addr) = self.successor(chain)? else { return Ok(()) };
-        match self.call_peer(addr, chain, op.clone(), payload.clone()).await {
-            Err(FsError::Stale) => {}
-            other => return other.map(|_| ()).map_err(|e| successor_failed(addr, e)),
+        if !whole {
+            match self.call_peer(addr, chain, op.clone(), payload.clone()).await {
+                Err(FsError::Stale) => {}
+                other => return other.map(|_| ()).map_err(|e| successor_failed(addr, e)),
+            }
         }
         let fetched = self.disk(move |e| e.fetch(chunk)).await;
         let copy = self.checked(chunk, fetched)?;

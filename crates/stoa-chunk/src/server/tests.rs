@@ -556,6 +556,30 @@ async fn a_retry_of_an_applied_mutation_is_not_applied_again_over_a_later_write(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_behind_a_later_write_brings_the_replicas_to_the_later_write() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        // Two writes reached the head only (its successor was paused): the first
+        // client's, then another's. The first client retries before the other does.
+        let head = c.server(0).server.engine.clone();
+        head.write(chunk(0), 0, b"first", None, write_id(1)).unwrap();
+        let other = Some(WriteId { session: SessionId(10), seq: 1 });
+        head.write(chunk(0), 0, b"LATER", None, other).unwrap();
+        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let answer = c.call(0, &chain, retry, b"first").await.unwrap().0;
+        assert_eq!(answer, ChunkResponse::Written { version: 1 });
+        // No replica may take the retried write alone: it would serve "first", which
+        // the later write replaced.
+        for i in 0..3 {
+            assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), &b"LATER"[..], "replica {i}");
+            assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 2, "replica {i}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_to_a_new_head_reaches_the_replicas_the_first_attempt_missed() {
     bounded(async {
         let c = Cluster::start().await;
