@@ -77,6 +77,11 @@ impl Scenario {
                  its caps lapsed are dropped, so its own directory's history goes back \
                  (3 runs of 3 on 2026-11-25)",
             ),
+            Scenario::DiskFull => Some(
+                "register reads go back around the moment the disk fills (CI, 2026-11-25, \
+                 after 10 clean local runs; causes fixed: a failed write's bytes in the page \
+                 cache, writes visible before they were ordered)",
+            ),
             _ => None,
         }
     }
