@@ -10,7 +10,7 @@ use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_net::Pool;
 use stoa_proto::{CapMode, MetaOp};
@@ -87,6 +87,9 @@ struct OpenHandle {
     session: SessionId,
     /// The write-behind errors of the file this handle has reported.
     errors: ErrorCursor,
+    /// Whether the kernel keeps what reads of this handle return in its page cache
+    /// (see [`Client::page_cached`]).
+    page_cached: AtomicBool,
 }
 
 impl Client {
@@ -195,7 +198,8 @@ impl Client {
         let fh = self.sh.next_handle.fetch_add(1, Ordering::Relaxed);
         let errors = file.error_cursor();
         let readahead = Mutex::new(Readahead::default());
-        let handle = OpenHandle { file, readahead, session, errors };
+        let page_cached = AtomicBool::new(false);
+        let handle = OpenHandle { file, readahead, session, errors, page_cached };
         self.sh.handles.lock().expect("handles lock poisoned").insert(fh, Arc::new(handle));
         FileHandle(fh)
     }
@@ -309,14 +313,14 @@ impl Client {
         self.sh.forget_if_unused(file.ino);
     }
 
-    /// Notes, before a read through `fh` is answered, that the kernel keeps what it
-    /// returns in its page cache (a handle opened without direct I/O). A direct write
-    /// of the file then drops the pages it wrote before it returns: the kernel drops
-    /// them before it sends the write, but a read answered in between would put the old
-    /// bytes back (caps.md invariant 21).
-    pub fn note_kernel_pages(&self, fh: FileHandle) {
+    /// Notes that the kernel keeps what reads of `fh` return in its page cache (a handle
+    /// opened without direct I/O). Each such read marks the file, and a direct write of
+    /// it then drops the pages it wrote before it returns: the kernel drops them before
+    /// it sends the write, but a read answered in between would put the old bytes back
+    /// (caps.md invariant 21).
+    pub fn page_cached(&self, fh: FileHandle) {
         if let Ok(handle) = self.sh.handle(fh) {
-            handle.file.note_kernel_pages();
+            handle.page_cached.store(true, Ordering::Release);
         }
     }
 
@@ -330,6 +334,9 @@ impl Client {
     /// a shared cap, so that another client's buffered writes landed first.
     pub async fn read(&self, fh: FileHandle, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
         let handle = self.sh.handle(fh)?;
+        if handle.page_cached.load(Ordering::Acquire) {
+            handle.file.note_kernel_pages();
+        }
         let access = self.access(handle.file.ino, CapMode::Shared).await?;
         let ahead = handle.readahead.lock().expect("readahead lock poisoned").observe(
             offset,

@@ -54,7 +54,7 @@ pub(crate) struct FileState {
     /// release is queued under it, so that an open and a release never cross.
     pub meta_open: tokio::sync::Mutex<Option<MetaOpen>>,
     /// Whether the kernel may have put pages of the file in its cache since a direct
-    /// write last dropped them (see [`crate::Client::note_kernel_pages`]).
+    /// write last dropped them (see [`crate::Client::page_cached`]).
     kernel_pages: AtomicBool,
 }
 

@@ -107,12 +107,23 @@ fn owner(req: &Request) -> Owner {
 /// would read it before the client took the exclusive cap that orders it against every
 /// other mount (caps.md invariant 21). Read-only opens keep the kernel's cached pages
 /// while this client holds a cap on the file (a change elsewhere would have recalled it
-/// and dropped them).
-fn open_flags(c: &Client, ino: InodeId, flags: i32, direct_writes: bool) -> FopenFlags {
+/// and dropped them); with `direct_writes`, such a handle is marked page-cached, so that
+/// a direct write drops what its reads put in the kernel's cache meanwhile.
+fn open_flags(
+    c: &Client,
+    ino: InodeId,
+    handle: stoa_client::FileHandle,
+    flags: i32,
+    direct_writes: bool,
+) -> FopenFlags {
     let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
     if flags & libc::O_APPEND != 0 || (writes && direct_writes) {
-        FopenFlags::FOPEN_DIRECT_IO
-    } else if c.may_keep_cache(ino) {
+        return FopenFlags::FOPEN_DIRECT_IO;
+    }
+    if direct_writes {
+        c.page_cached(handle);
+    }
+    if c.may_keep_cache(ino) {
         FopenFlags::FOPEN_KEEP_CACHE
     } else {
         FopenFlags::empty()
@@ -384,7 +395,7 @@ impl Filesystem for StoaFs {
         self.spawn(move |c| async move {
             match c.open(ino(i)).await {
                 Ok(handle) => {
-                    let open = open_flags(&c, ino(i), flags.0, direct_writes);
+                    let open = open_flags(&c, ino(i), handle, flags.0, direct_writes);
                     reply.opened(FileHandle(handle.0), open);
                 }
                 Err(e) => reply.error(fail("open", &e)),
@@ -399,13 +410,10 @@ impl Filesystem for StoaFs {
         h: FileHandle,
         offset: u64,
         size: u32,
-        flags: OpenFlags,
+        _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        if self.direct_writes && flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
-            self.client.note_kernel_pages(fh(h));
-        }
         self.spawn(|c| async move {
             match c.read(fh(h), offset, size).await {
                 Ok(data) => reply.data(&data),
@@ -436,7 +444,7 @@ impl Filesystem for StoaFs {
             match c.write(fh(h), offset, &data).await {
                 Ok(n) => {
                     // A read answered while the kernel sent this write may have put the
-                    // old bytes back in its cache (see `Client::note_kernel_pages`).
+                    // old bytes back in its cache (see `Client::page_cached`).
                     if direct_writes && c.take_kernel_pages(fh(h)) {
                         crate::caps::drop_pages(&kernel, i, offset, data.len()).await;
                     }
@@ -718,7 +726,7 @@ impl Filesystem for StoaFs {
             match opened {
                 Ok((attr, handle)) => {
                     let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
-                    let open = open_flags(&c, attr.ino, flags, direct_writes);
+                    let open = open_flags(&c, attr.ino, handle, flags, direct_writes);
                     let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
                     reply.created(&ttl, &fa, Generation(0), h, open);
                 }
