@@ -178,7 +178,13 @@ impl Server {
         self.meta.call(meta_request(op)).await
     }
 
-    /// Calls another chunk server about `chain`.
+    /// Calls another chunk server about `chain`. The call stops early, with
+    /// `StaleChain`, when our table moves the chain on: a mutation forwarded to a
+    /// successor that stopped (SIGSTOP, a cut link) holds the chunk's ordering lock, and
+    /// the writer's retry on the chain without that successor needs the lock; waiting
+    /// out [`PEER_CALL_TIMEOUT`] would stall every write to the chunk for that long
+    /// although meta took the successor out within 1.5 s (`stoa-fault --scenario
+    /// chunk-pause`).
     async fn call_peer(
         &self,
         addr: SocketAddr,
@@ -192,7 +198,11 @@ impl Server {
             op,
             deadline_ms: 0,
         });
-        match self.pool.call(addr, &req, payload, PEER_CALL_TIMEOUT).await? {
+        let answer = tokio::select! {
+            answer = self.pool.call(addr, &req, payload, PEER_CALL_TIMEOUT) => answer?,
+            moved = self.view.moved(chain) => return Err(moved),
+        };
+        match answer {
             (Response::Chunk(resp), payload) => Ok((resp, payload)),
             (other, _) => Err(FsError::Protocol(format!("chunk server {addr} answered {other:?}"))),
         }

@@ -3,7 +3,7 @@
 //! cut off from meta from serving anything.
 
 use super::Server;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stoa_proto::{MetaOp, MetaResponse};
 use stoa_types::{Chain, ChainId, ChainTable, FsError};
@@ -20,7 +20,9 @@ pub(crate) const FENCE_AFTER: Duration = Duration::from_millis(1500);
 
 #[derive(Default)]
 pub(crate) struct ChainView {
-    table: RwLock<Arc<ChainTable>>,
+    /// A watch, not a lock: a forward waiting on a successor stops as soon as a newer
+    /// table moves its chain (see [`ChainView::moved`]).
+    table: tokio::sync::watch::Sender<Arc<ChainTable>>,
     /// One fetch from meta at a time; callers that waited reuse its result.
     refreshing: tokio::sync::Mutex<()>,
     /// When the last heartbeat that meta answered was sent.
@@ -29,17 +31,32 @@ pub(crate) struct ChainView {
 
 impl ChainView {
     pub fn table(&self) -> Arc<ChainTable> {
-        self.table.read().expect("table lock poisoned").clone()
+        self.table.borrow().clone()
     }
 
     /// Takes `table` if it is newer than ours; says whether it did.
     fn replace(&self, table: ChainTable) -> bool {
-        let mut current = self.table.write().expect("table lock poisoned");
-        if table.version <= current.version {
-            return false;
+        self.table.send_if_modified(|current| {
+            if table.version <= current.version {
+                return false;
+            }
+            *current = Arc::new(table);
+            true
+        })
+    }
+
+    /// Returns once our table gives `chain` another version than `chain.version` (it
+    /// moved on: a member left or joined), never while it keeps that version.
+    pub async fn moved(&self, chain: &Chain) -> FsError {
+        let mut tables = self.table.subscribe();
+        let version_of = |t: &ChainTable| t.chain(chain.id).map_or(0, |c| c.version);
+        let current =
+            tables.wait_for(|t| version_of(t) != chain.version).await.map(|t| version_of(&t));
+        match current {
+            Ok(current) => FsError::StaleChain { got: chain.version, current },
+            // The sender lives as long as the server; without it nothing moves.
+            Err(_) => std::future::pending().await,
         }
-        *current = Arc::new(table);
-        true
     }
 
     pub fn acked(&self, sent: Instant) {

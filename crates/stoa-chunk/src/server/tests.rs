@@ -605,6 +605,60 @@ async fn a_retry_to_a_new_head_reaches_the_replicas_the_first_attempt_missed() {
     .await;
 }
 
+/// A server that takes connections and requests and never answers, as a stopped process
+/// (SIGSTOP) or one behind a cut link does; the returned receiver fires when the first
+/// request bytes arrived.
+async fn stopped_server() -> (SocketAddr, tokio::sync::oneshot::Receiver<()>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (arrived, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut arrived = Some(arrived);
+        while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {
+            if let Some(tx) = arrived.take() {
+                let _ = tx.send(());
+            }
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stuck_on_a_stopped_successor_ends_when_the_chain_moves_on() {
+    bounded(async {
+        let c = Cluster::start().await;
+        // The chain's tail is stopped: the middle server's forward gets no answer while
+        // it, and the head, hold the chunk's ordering lock.
+        let (addr, arrived) = stopped_server().await;
+        let stopped = NodeId(99);
+        c.meta.state.lock().unwrap().table.nodes.push(ChunkNode { id: stopped, addr });
+        let chain = c.meta.set_chain(&[c.node(0), c.node(1), stopped], &[]);
+        c.converge().await;
+        let op = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let stuck = c.call(0, &chain, op, b"first");
+        let moved = async {
+            arrived.await.unwrap();
+            // Meta takes the stopped server out; the servers learn it by heartbeat.
+            c.meta.set_chain(&[c.node(0), c.node(1)], &[])
+        };
+        let (stuck, short) = tokio::join!(stuck, moved);
+        // The write ends as soon as the chain moved, with an answer that makes the
+        // writer retry on the new chain, not after the peer call's timeout.
+        let err = stuck.unwrap_err();
+        assert!(matches!(err, FsError::StaleChain { .. }), "{err:?}");
+        // The retry takes the ordering lock at once and reaches both replicas.
+        c.converge().await;
+        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let answer = c.call(0, &short, retry, b"first").await.unwrap().0;
+        assert_eq!(answer, ChunkResponse::Written { version: 1 });
+        assert_eq!(c.read(1, &short, chunk(0)).await.unwrap(), &b"first"[..]);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_resync_reach_the_syncing_server() {
     bounded(async {
