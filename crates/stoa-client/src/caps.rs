@@ -503,16 +503,22 @@ impl Caps {
         let recalled = t.recalled.entry(r.ino).or_insert(0);
         // Every grant or change waiting on this holder queues its own recall, so one grant
         // can be recalled more than once: a repeat must not reopen the uncapped window
-        // after an ack (the leader may have granted the cap elsewhere by then).
+        // after an ack (the leader may have granted the cap elsewhere by then), and drops
+        // only a grant it names.
         let repeated = r.seq <= *recalled;
         *recalled = (*recalled).max(r.seq);
-        if !repeated {
-            t.recalling.entry(r.ino).or_default();
+        if repeated {
+            return match t.held.get(&r.ino) {
+                Some(h) if h.seq <= r.seq => t.held.remove(&r.ino),
+                _ => None,
+            };
         }
-        match t.held.get(&r.ino) {
-            Some(h) if h.seq <= r.seq => t.held.remove(&r.ino),
-            _ => None,
-        }
+        t.recalling.entry(r.ino).or_default();
+        // The whole cap goes, even when a newer grant was stored since: one `Held` keeps
+        // what was cached under every grant of the inode (a name looked up under the
+        // recalled grant and renamed away since by another session), and the leader's
+        // wait ends with this ack (invariant 22).
+        t.held.remove(&r.ino)
     }
 
     /// Ends the recalls of `ino` if no uncapped operation ran since `served` and none is
@@ -997,5 +1003,57 @@ async fn ack(sh: &Shared, session: SessionId, r: CapRef) {
     let op = MetaOp::CapsReleased { released: vec![r] };
     if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
         tracing::warn!("acking the recall of inode {}: {e}", r.ino);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoa_proto::cap_seq;
+
+    const DIR: InodeId = InodeId(1);
+
+    fn attr(ino: InodeId) -> Attr {
+        let now = Timestamp::now();
+        Attr {
+            ino,
+            kind: FileKind::File,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 1,
+            rdev: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            version: 1,
+        }
+    }
+
+    /// A lookup of `name` in `DIR` answered with grants `seq` (the child) and `dir_seq`.
+    fn looked_up(caps: &Caps, name: &[u8], child: InodeId, seq: u64, dir_seq: u64) {
+        let grant = Grant { attr: attr(child), mode: CapMode::Shared, seq, dir_seq };
+        assert!(caps.store(&grant, Some((DIR, name))));
+    }
+
+    /// The leader recalled the directory's grant (another mount renamed `n0` away) while
+    /// this client looked another name up there and got a newer grant: the recall must
+    /// still drop `n0`, which the kernel cached under the recalled grant.
+    #[test]
+    fn a_recall_drops_the_names_of_the_directory_even_after_a_newer_grant() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        looked_up(&caps, b"n0", InodeId(2), cap_seq(1, 1), cap_seq(1, 2));
+        looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 3), cap_seq(1, 4));
+        let dropped = caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 2) });
+        let names = dropped.expect("the cap is dropped").names;
+        assert!(names.contains_key(&b"n0"[..]), "the kernel is told to drop n0");
+        assert_eq!(caps.cached_name(DIR, b"n0"), None);
+        assert_eq!(caps.cached_name(DIR, b"n1"), None);
+        // A repeat of the recall drops nothing stored after it.
+        looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 5), cap_seq(1, 6));
+        assert!(caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 2) }).is_none());
+        assert_eq!(caps.cached_name(DIR, b"n1"), Some(InodeId(3)));
     }
 }
