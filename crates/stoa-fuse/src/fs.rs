@@ -730,6 +730,17 @@ impl Filesystem for StoaFs {
                     let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
                     reply.created(&ttl, &fa, Generation(0), h, open);
                 }
+                // The kernel sends CREATE only for a name it believes absent (a
+                // negative entry, or another mount made it meanwhile). Without O_EXCL
+                // the open must find the file instead: ESTALE makes the kernel walk the
+                // path once more with LOOKUP_REVAL, which looks the name up afresh and
+                // opens the file as any open of an existing file (its permission
+                // checks and O_TRUNC included). EEXIST would be an error POSIX never
+                // gives an open without O_EXCL.
+                Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {
+                    tracing::debug!("create of an existing name without O_EXCL: reopening");
+                    reply.error(Errno::ESTALE);
+                }
                 Err(e) => reply.error(fail("create", &e)),
             }
         });

@@ -445,3 +445,43 @@ fn a_write_still_waiting_for_its_cap_is_not_read_on_its_own_mount() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done");
     assert_eq!(std::fs::read(&a).unwrap(), b"new-value");
 }
+
+/// Removes NAME and opens it again with O_CREAT (no O_EXCL), ROUNDS times; any error
+/// but a missing name on unlink fails the process.
+const RECREATOR: &str = r#"
+import os, sys
+path, rounds = sys.argv[1], int(sys.argv[2])
+for i in range(rounds):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+"#;
+
+#[test]
+fn an_open_with_o_creat_finds_a_name_the_other_mount_just_made() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    // Both mounts remove and re-create one name as fast as they can: each open with
+    // O_CREAT often finds its kernel's view of the name (absent) just overtaken by the
+    // other mount's create. POSIX gives such an open the existing file, never EEXIST.
+    let children: Vec<Child> = [dev.mnt.join("name"), other.path.join("name")]
+        .iter()
+        .map(|path| {
+            Command::new("python3")
+                .args(["-c", RECREATOR])
+                .arg(path)
+                .arg("300")
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "a recreating process failed: {err}");
+    }
+    assert!(dev.mnt.join("name").exists() && other.path.join("name").exists());
+}
