@@ -49,6 +49,11 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(4);
 const POLL_RETRY: Duration = Duration::from_millis(100);
 /// Pause while uncapped operations of a recalled inode finish.
 const UNCAPPED_WAIT: Duration = Duration::from_millis(2);
+/// How long after a recall of a directory whose names the kernel cached the kernel gets
+/// its names with no TTL (see `Table::busy`).
+const BUSY_DIR_FOR: Duration = Duration::from_secs(10);
+/// How many busy directories are remembered before the expired ones are swept.
+const BUSY_DIRS_SWEEP: usize = 1024;
 
 /// The kernel's caches, as a front end exposes them (FUSE notify). Calls may block.
 pub trait KernelCache: Send + Sync {
@@ -65,6 +70,11 @@ struct Held {
     attr: Option<Attr>,
     /// Names looked up in this directory under the cap, and their inodes.
     names: HashMap<Vec<u8>, InodeId>,
+    /// Whether the kernel may cache one of `names` past this moment: one was handed to
+    /// it with a TTL, or the kernel moved a cached entry here in a rename. Only then
+    /// does dropping the cap invalidate the names in the kernel, which waits for the
+    /// directory's lock.
+    kernel_names: bool,
     /// Every entry of this directory, under an exclusive cap taken with its listing
     /// (`dirops`): lookups are answered from it and changes are made in it.
     listing: Option<HashMap<Vec<u8>, InodeId>>,
@@ -102,6 +112,15 @@ struct Table {
     generation: u64,
     /// Advanced by every poll of the events stream: the clock of `Held::used`.
     tick: u64,
+    /// Directories recalled while the kernel cached names in them, and until when the
+    /// kernel gets their names with no TTL. The kernel invalidates a cached name only
+    /// under the directory's lock, which it holds while this mount's own change there
+    /// waits at meta; when that change waits for another mount's ack of the directory
+    /// and that mount's change waits for this one's ack, the two wait for each other
+    /// (meta lets the later go after 300 ms without the ack). Names with no TTL need
+    /// no invalidation: the kernel asks again on every use, and this client answers
+    /// from its own cache while it holds the cap.
+    busy: HashMap<InodeId, Instant>,
 }
 
 /// The client's caps.
@@ -198,12 +217,21 @@ impl Caps {
         Caps::usable(&mut self.lock(), ino).is_some_and(|h| h.mode >= mode)
     }
 
-    /// The kernel TTL for what this client knows of `ino`: zero without a usable cap.
+    /// The kernel TTL for what this client knows of `ino` (its attributes, and the
+    /// names in it when a directory): zero without a usable cap, or while the directory
+    /// is busy (see `Table::busy`).
     pub fn ttl(&self, ino: InodeId) -> Duration {
-        let t = self.lock();
-        match Caps::remaining(&t) {
-            Some(left) if t.held.contains_key(&ino) => left.min(KERNEL_TTL_MAX),
-            _ => Duration::ZERO,
+        let mut t = self.lock();
+        let Some(left) = Caps::remaining(&t) else { return Duration::ZERO };
+        if t.busy.get(&ino).is_some_and(|until| *until > Instant::now()) {
+            return Duration::ZERO;
+        }
+        match t.held.get_mut(&ino) {
+            Some(h) => {
+                h.kernel_names = true;
+                left.min(KERNEL_TTL_MAX)
+            }
+            None => Duration::ZERO,
         }
     }
 
@@ -245,14 +273,16 @@ impl Caps {
     }
 
     /// Records that the kernel holds entry `name` of `parent`, for `ino`, so that a recall
-    /// of the directory's cap drops it. False when no cap on `parent` is held.
-    fn note_name(&self, parent: InodeId, name: &[u8], ino: InodeId) -> bool {
+    /// of the directory's cap drops it; `moved` when the kernel moved its cached entry
+    /// there in a rename, with whatever TTL it had. False when no cap on `parent` is held.
+    fn note_name(&self, parent: InodeId, name: &[u8], ino: InodeId, moved: bool) -> bool {
         let mut t = self.lock();
         if Caps::remaining(&t).is_none() {
             return false;
         }
         let Some(h) = t.held.get_mut(&parent) else { return false };
         h.names.insert(name.to_vec(), ino);
+        h.kernel_names |= moved;
         true
     }
 
@@ -405,6 +435,8 @@ impl Caps {
                 Some(ino) => {
                     listing.insert(name.to_vec(), ino);
                     h.names.insert(name.to_vec(), ino);
+                    // The kernel moved its entry here, TTL and all.
+                    h.kernel_names = true;
                 }
                 None => {
                     listing.remove(name);
@@ -518,7 +550,15 @@ impl Caps {
         // what was cached under every grant of the inode (a name looked up under the
         // recalled grant and renamed away since by another session), and the leader's
         // wait ends with this ack (invariant 22).
-        t.held.remove(&r.ino)
+        let held = t.held.remove(&r.ino)?;
+        if held.kernel_names && !held.names.is_empty() {
+            let now = Instant::now();
+            if t.busy.len() >= BUSY_DIRS_SWEEP {
+                t.busy.retain(|_, until| *until > now);
+            }
+            t.busy.insert(r.ino, now + BUSY_DIR_FOR);
+        }
+        Some(held)
     }
 
     /// Ends the recalls of `ino` if no uncapped operation ran since `served` and none is
@@ -693,12 +733,13 @@ impl Client {
     /// its entry and kept the TTL the old name had, so the new name must be dropped on
     /// the next recall of its directory, or now when no cap on that directory is held.
     pub(crate) fn entry_moved(&self, (parent, name): (InodeId, &[u8]), ino: InodeId) {
-        if self.sh.caps.note_name(parent, name, ino) {
+        if self.sh.caps.note_name(parent, name, ino, true) {
             return;
         }
         // Not awaited: the kernel holds the directories locked until the rename's reply.
         let sh = self.sh.clone();
-        let held = Held { names: HashMap::from([(name.to_vec(), ino)]), ..empty_held() };
+        let names = HashMap::from([(name.to_vec(), ino)]);
+        let held = Held { names, kernel_names: true, ..empty_held() };
         tokio::spawn(async move { invalidate_kernel(&sh, vec![(parent, held)]).await });
     }
 
@@ -747,7 +788,7 @@ impl Client {
             let pin = self.pin(&[parent, child]).await;
             if self.sh.caps.listed(parent, name) == Some(Some(child)) {
                 if let Some((attr, ttl)) = self.sh.caps.cached_attr(child) {
-                    if self.sh.caps.note_name(parent, name, child) {
+                    if self.sh.caps.note_name(parent, name, child, false) {
                         let ttl = ttl.min(self.sh.caps.ttl(parent));
                         return Ok((self.adjust(attr), ttl, pin));
                     }
@@ -934,8 +975,11 @@ async fn invalidate_kernel(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
     let Some(kernel) = sh.caps.kernel() else { return };
     let task = tokio::task::spawn_blocking(move || {
         for (ino, held) in dropped {
-            for name in held.names.keys() {
-                kernel.inval_entry(ino, name);
+            // Names handed out with no TTL are not cached: the kernel asks again.
+            if held.kernel_names {
+                for name in held.names.keys() {
+                    kernel.inval_entry(ino, name);
+                }
             }
             kernel.inval_inode(ino);
         }
@@ -991,8 +1035,16 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
 }
 
 fn empty_held() -> Held {
-    let names = HashMap::new();
-    Held { mode: CapMode::Shared, seq: 0, attr: None, names, listing: None, place: None, used: 0 }
+    Held {
+        mode: CapMode::Shared,
+        seq: 0,
+        attr: None,
+        names: HashMap::new(),
+        kernel_names: false,
+        listing: None,
+        place: None,
+        used: 0,
+    }
 }
 
 /// Tells the leader the cap is gone. A lost ack costs the recaller a lease at most.
@@ -1055,5 +1107,30 @@ mod tests {
         looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 5), cap_seq(1, 6));
         assert!(caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 2) }).is_none());
         assert_eq!(caps.cached_name(DIR, b"n1"), Some(InodeId(3)));
+    }
+
+    /// Two mounts changing one directory: once a recall dropped names the kernel cached
+    /// there, the kernel gets the directory's names with no TTL, so the next recall has
+    /// no kernel entry to invalidate (which would wait for the directory's lock).
+    #[test]
+    fn a_recalled_directory_gets_its_names_to_the_kernel_without_a_ttl_for_a_while() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        looked_up(&caps, b"n0", InodeId(2), cap_seq(1, 1), cap_seq(1, 2));
+        // A name answered from the cache, with the directory's TTL.
+        assert!(caps.ttl(DIR) > Duration::ZERO);
+        let dropped = caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 2) });
+        assert!(dropped.expect("the cap is dropped").kernel_names, "n0 is invalidated");
+        looked_up(&caps, b"n0", InodeId(2), cap_seq(1, 3), cap_seq(1, 4));
+        assert_eq!(caps.ttl(DIR), Duration::ZERO, "the directory is busy");
+        assert_eq!(caps.cached_name(DIR, b"n0"), Some(InodeId(2)), "this client still caches");
+        let dropped = caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 4) });
+        assert!(!dropped.expect("the cap is dropped").kernel_names, "nothing to invalidate");
+        // A file's recall makes nothing busy.
+        looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 5), cap_seq(1, 6));
+        assert!(caps.ttl(InodeId(3)) > Duration::ZERO);
+        assert!(caps.begin_recall(CapRef { ino: InodeId(3), seq: cap_seq(1, 5) }).is_some());
+        looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 7), cap_seq(1, 8));
+        assert!(caps.ttl(InodeId(3)) > Duration::ZERO);
     }
 }

@@ -398,6 +398,14 @@ impl Filesystem for StoaFs {
                     let open = open_flags(&c, ino(i), handle, flags.0, direct_writes);
                     reply.opened(FileHandle(handle.0), open);
                 }
+                // The kernel found the inode by a name another mount removed since (with
+                // the file's last link): ESTALE makes it walk the path once more with
+                // LOOKUP_REVAL, which finds the name gone (ENOENT, or a new file for
+                // O_CREAT) or leading to another inode.
+                Err(FsError::NotFound) => {
+                    tracing::debug!("open of inode {} removed meanwhile: reopening", i.0);
+                    reply.error(Errno::ESTALE);
+                }
                 Err(e) => reply.error(fail("open", &e)),
             }
         });

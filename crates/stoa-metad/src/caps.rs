@@ -284,25 +284,27 @@ impl CapTable {
         WaitGuard { table: self, id }
     }
 
-    /// Whether this wait should be refused: the session it waits for has a call waiting
+    /// Whether this wait should give way: the session it waits for has a call waiting
     /// for this wait's client. That session's client answers the recall only after its
-    /// call working on the recalled inode returns (the kernel keeps its pages locked, or
-    /// it counts as in flight on the inode), and that call waits for this client to
-    /// answer a recall, which waits for this call: both would wait until a call
-    /// timeout. Only a grant is refused, never a change already made (other clients
-    /// would read it while the recalled one still answered from its cache); of two
-    /// grants, the later.
+    /// call working on the recalled inode returns (the kernel keeps the directory locked
+    /// or the file's pages, or the call counts as in flight on the inode), and that call
+    /// waits for this client to answer a recall, which waits for this call: both would
+    /// wait until a call timeout. A grant gives way to a change already made and to an
+    /// earlier grant (it is refused: nothing changed yet); a change gives way only to an
+    /// earlier change (it stops waiting, see [`recall`]).
     fn in_cycle(&self, wait: &WaitGuard) -> bool {
         let s = self.lock();
         let Some(me) = s.waits.iter().find(|w| w.id == wait.id) else { return false };
-        me.refusable
-            && s.waits.iter().any(|w| {
-                (!w.refusable || w.id < me.id)
-                    && w.waiter == me.on
-                    && w.on == me.waiter
-                    && w.works_on.contains(&me.ino)
-                    && me.works_on.contains(&w.ino)
-            })
+        s.waits.iter().any(|w| {
+            let earlier = w.id < me.id;
+            let gives_way =
+                if me.refusable { !w.refusable || earlier } else { !w.refusable && earlier };
+            gives_way
+                && w.waiter == me.on
+                && w.on == me.waiter
+                && w.works_on.contains(&me.ino)
+                && me.works_on.contains(&w.ino)
+        })
     }
 
     /// Drops `session`'s grant of `ino` (its holder's lease ran out).
@@ -544,13 +546,25 @@ async fn recall(
             }
             if node.caps.in_cycle(&wait) {
                 let since = *cycle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= CYCLE_PATIENCE {
+                if since.elapsed() >= CYCLE_PATIENCE && waiter.refusable {
                     return Err(FsError::Io(format!(
                         "inode {ino}: this client and session {session} each waited for the \
                          other to give up a cap (two operations on one file from two clients, \
                          each holding what the other's recall needs); this operation was \
                          refused so that the other can go on"
                     )));
+                }
+                if since.elapsed() >= CYCLE_PATIENCE {
+                    // Both changes are made. The earlier one keeps waiting, and its
+                    // holder, this call's client, answers it once this call returns;
+                    // the other session drops what it cached of `ino` as soon as its
+                    // own change returns, which waits only for that (caps.md, known
+                    // limits).
+                    tracing::debug!(
+                        "inode {ino}: session {session} is changing it too and waits for this \
+                         client; answering without its ack"
+                    );
+                    break;
                 }
             } else {
                 cycle_since = None;
@@ -947,6 +961,22 @@ mod tests {
         assert!(!t.in_cycle(&change));
         drop((elsewhere, b_on_a, change));
         assert!(t.lock().waits.is_empty());
+    }
+
+    #[test]
+    fn of_two_changes_waiting_for_each_other_the_later_gives_way() {
+        let t = CapTable::default();
+        let change = |session| Waiter { session, works_on: &[X], refusable: false };
+        let a_on_b = t.start_wait(change(A), B, X);
+        assert!(!t.in_cycle(&a_on_b));
+        let b_on_a = t.start_wait(change(B), A, X);
+        assert!(t.in_cycle(&b_on_a), "the later change stops waiting");
+        assert!(!t.in_cycle(&a_on_b), "the earlier change waits for its ack");
+        // A grant of B waiting for A never makes A's change give way.
+        drop(b_on_a);
+        let grant = t.start_wait(Waiter { session: B, works_on: &[X], refusable: true }, A, X);
+        assert!(!t.in_cycle(&a_on_b));
+        assert!(t.in_cycle(&grant));
     }
 
     #[tokio::test]

@@ -447,20 +447,29 @@ fn a_write_still_waiting_for_its_cap_is_not_read_on_its_own_mount() {
 }
 
 /// Removes NAME and opens it again with O_CREAT (no O_EXCL), ROUNDS times; any error
-/// but a missing name on unlink fails the process.
+/// but a missing name on unlink and ESTALE on open fails the process. Prints how many
+/// opens met ESTALE.
 const RECREATOR: &str = r#"
-import os, sys
+import errno, os, sys
 path, rounds = sys.argv[1], int(sys.argv[2])
+stale = 0
 for i in range(rounds):
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    except OSError as e:
+        if e.errno != errno.ESTALE:
+            raise
+        stale += 1
+print(stale)
 "#;
 
 #[test]
 fn an_open_with_o_creat_finds_a_name_the_other_mount_just_made() {
+    const ROUNDS: u32 = 300;
     let dev = Dev::start(3, 3);
     let other = Mount::new(&dev, "mnt2");
     // Both mounts remove and re-create one name as fast as they can: each open with
@@ -472,7 +481,8 @@ fn an_open_with_o_creat_finds_a_name_the_other_mount_just_made() {
             Command::new("python3")
                 .args(["-c", RECREATOR])
                 .arg(path)
-                .arg("300")
+                .arg(ROUNDS.to_string())
+                .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
@@ -482,6 +492,11 @@ fn an_open_with_o_creat_finds_a_name_the_other_mount_just_made() {
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "a recreating process failed: {err}");
+        // The kernel retries a stale open once; when the other mount removed the file
+        // between that retry's lookup and its open, ESTALE reaches the process (caps.md,
+        // known limits). Rare: about 1 open in 150 in this race.
+        let stale: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(stale * 20 <= ROUNDS, "{stale} of {ROUNDS} opens met ESTALE");
     }
     assert!(dev.mnt.join("name").exists() && other.path.join("name").exists());
 }
