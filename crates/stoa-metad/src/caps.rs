@@ -546,15 +546,15 @@ async fn recall(
             }
             if node.caps.in_cycle(&wait) {
                 let since = *cycle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= CYCLE_PATIENCE && waiter.refusable {
-                    return Err(FsError::Io(format!(
-                        "inode {ino}: this client and session {session} each waited for the \
-                         other to give up a cap (two operations on one file from two clients, \
-                         each holding what the other's recall needs); this operation was \
-                         refused so that the other can go on"
-                    )));
-                }
                 if since.elapsed() >= CYCLE_PATIENCE {
+                    if waiter.refusable {
+                        return Err(FsError::Io(format!(
+                            "inode {ino}: this client and session {session} each waited for \
+                             the other to give up a cap (two operations on one file from two \
+                             clients, each holding what the other's recall needs); this \
+                             operation was refused so that the other can go on"
+                        )));
+                    }
                     // Both changes are made. The earlier one keeps waiting, and its
                     // holder, this call's client, answers it once this call returns;
                     // the other session drops what it cached of `ino` as soon as its
