@@ -238,6 +238,17 @@ impl Engine {
         self.read_verified(chunk, &header, offset, len)
     }
 
+    /// [`Engine::read`] when nothing of it would wait for the disk, to be called on the
+    /// server's reactor: the chunk's lock is free, its header cached, the data file's
+    /// path in the kernel's name cache and the bytes in its page cache. None otherwise,
+    /// and on any error (the caller then reads on the blocking pool, which reports it):
+    /// this never answers with something the blocking read would not.
+    pub fn read_cached(&self, chunk: ChunkId, offset: u32, len: u32) -> Option<Vec<u8>> {
+        let _lock = self.stripe(chunk).try_read().ok()?;
+        let header = self.headers.get(chunk)?;
+        self.read_blocks(chunk, &header, offset, len, Wait::Never).ok()
+    }
+
     /// The whole chunk with its version and remembered writes (version 0 and nothing
     /// when it does not exist).
     pub fn fetch(&self, chunk: ChunkId) -> Result<ChunkCopy, FsError> {
@@ -614,6 +625,19 @@ impl Engine {
         offset: u32,
         len: u32,
     ) -> Result<Vec<u8>, FsError> {
+        self.read_blocks(chunk, header, offset, len, Wait::Disk)
+    }
+
+    /// [`Engine::read_verified`], either waiting for the disk or failing rather than
+    /// waiting (`WouldBlock`).
+    fn read_blocks(
+        &self,
+        chunk: ChunkId,
+        header: &Header,
+        offset: u32,
+        len: u32,
+        wait: Wait,
+    ) -> Result<Vec<u8>, FsError> {
         let chunk_len = header.len as usize;
         let offset = offset as usize;
         let end = (offset + len as usize).min(chunk_len);
@@ -623,8 +647,10 @@ impl Engine {
         let start = offset / BLOCK * BLOCK;
         let stop = (end.div_ceil(BLOCK) * BLOCK).min(chunk_len);
         let mut buf = vec![0u8; stop - start];
-        let file = open_data(&self.paths(chunk), false)?;
-        read_at(&file, chunk, &mut buf, start)?;
+        match wait {
+            Wait::Disk => read_at(&open_data(&self.paths(chunk), false)?, chunk, &mut buf, start)?,
+            Wait::Never => read_cached_at(&self.paths(chunk).data, &mut buf, start)?,
+        }
         for (i, block) in buf.chunks(BLOCK).enumerate() {
             check_block(chunk, header, start / BLOCK + i, block)?;
         }
@@ -777,6 +803,56 @@ fn open_data(paths: &Paths, create: bool) -> Result<File, FsError> {
             }
             _ => io_err(format!("open {}", paths.data.display()), e),
         })
+}
+
+/// Whether a read may wait for the disk.
+#[derive(Clone, Copy)]
+enum Wait {
+    Disk,
+    Never,
+}
+
+/// Fills `buf` from `at` of the file at `path` only from what the kernel holds in memory:
+/// the path resolved from its name cache alone (`RESOLVE_CACHED`), the bytes from its
+/// page cache alone (`RWF_NOWAIT`). Anything else, a short read included, is an error
+/// (`WouldBlock` where the disk would have been needed).
+fn read_cached_at(path: &Path, buf: &mut [u8], at: usize) -> Result<(), FsError> {
+    let would_block = || FsError::Io(format!("reading {} would wait for the disk", path.display()));
+    let os_err =
+        |what: &str| io_err(format!("{what} {}", path.display()), std::io::Error::last_os_error());
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| FsError::Invalid(format!("{} holds a NUL", path.display())))?;
+    // SAFETY: open_how is plain integers, for which zero is valid.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_CACHED;
+    // SAFETY: `c_path` and `how` outlive the call, and the size passed is `how`'s.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(os_err("open (cached)"));
+    }
+    // SAFETY: openat2 just returned this descriptor, and nothing else owns it.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int) };
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: `iov` describes `buf`, which is live and writable for the whole call.
+    let n =
+        unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at as libc::off_t, libc::RWF_NOWAIT) };
+    match n {
+        n if n < 0 && std::io::Error::last_os_error().kind() == ErrorKind::WouldBlock => {
+            Err(would_block())
+        }
+        n if n < 0 => Err(os_err("read (cached)")),
+        n if n as usize != buf.len() => Err(would_block()),
+        _ => Ok(()),
+    }
 }
 
 fn read_at(file: &File, chunk: ChunkId, buf: &mut [u8], at: usize) -> Result<(), FsError> {

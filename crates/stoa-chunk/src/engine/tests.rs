@@ -324,3 +324,27 @@ fn remove_leaves_nothing_of_a_chunk_tombstone_or_crash_leftover() {
     left.sort();
     assert_eq!(left, vec![other.to_string(), format!("{other}.meta")]);
 }
+
+#[test]
+fn a_cached_read_answers_only_what_a_read_from_disk_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7) as u8).collect();
+    Engine::open(dir.path()).unwrap().write(id(0), 0, &data, None, None).unwrap();
+    // A fresh engine has no header in memory: a read without the disk cannot check blocks.
+    let e = Engine::open(dir.path()).unwrap();
+    assert_eq!(e.read_cached(id(0), 0, 100), None);
+    assert_eq!(e.read(id(0), 4090, 20).unwrap(), &data[4090..4110]);
+    assert_eq!(e.read_cached(id(0), 4090, 20).as_deref(), Some(&data[4090..4110]));
+    assert_eq!(e.read_cached(id(0), 19_990, 100).as_deref(), Some(&data[19_990..]));
+    assert_eq!(e.read_cached(id(0), 20_000, 100), Some(Vec::new()));
+    // A chunk being changed is left to the blocking read, which waits for the change.
+    {
+        let _writing = e.stripe(id(0)).write().unwrap();
+        assert_eq!(e.read_cached(id(0), 0, 100), None);
+    }
+    // A damaged block is never answered; the read from disk reports it.
+    flip_data_byte(&e, id(0), 5000);
+    assert_eq!(e.read_cached(id(0), 4096, 4096), None);
+    assert!(matches!(e.read(id(0), 4096, 4096), Err(FsError::Checksum(_))));
+    assert_eq!(e.read_cached(id(0), 0, 4096).as_deref(), Some(&data[..4096]));
+}
