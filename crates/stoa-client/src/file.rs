@@ -406,14 +406,21 @@ impl FileState {
 
     /// Sends everything buffered and waits until nothing is queued or in flight.
     async fn drain(self: &Arc<Self>, sh: &Arc<Shared>) {
-        {
+        let idle = {
             let mut inner = self.lock();
             for extent in inner.buffer.take_all() {
                 enqueue(&mut inner, sh, extent);
             }
+            inner.is_idle()
+        };
+        if idle {
+            return;
         }
         self.pump(sh);
-        self.wait_until(|inner| inner.is_idle()).await;
+        // The commit that ends the drain waits for the namespace changes queued before
+        // it (often the file's own create, answered locally): have them sent now, while
+        // the chunk writes travel, instead of after them.
+        tokio::join!(sh.session.backlog.wait_all(), self.wait_until(|inner| inner.is_idle()));
     }
 
     /// Flushes for a caller without a handle (setattr, locks, unmount): reports only
