@@ -347,4 +347,7 @@ fn a_cached_read_answers_only_what_a_read_from_disk_would() {
     assert_eq!(e.read_cached(id(0), 4096, 4096), None);
     assert!(matches!(e.read(id(0), 4096, 4096), Err(FsError::Checksum(_))));
     assert_eq!(e.read_cached(id(0), 0, 4096).as_deref(), Some(&data[..4096]));
+    // What the engine just wrote, it reads back without the disk.
+    e.write(id(1), 0, &data, None, None).unwrap();
+    assert_eq!(e.read_cached(id(1), 100, 200).as_deref(), Some(&data[100..300]));
 }

@@ -30,11 +30,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use stoa_proto::{ChunkListing, ChunkOp, ChunkResponse};
-use stoa_types::{ChunkId, FsError, BLOCK_SIZE_BYTES};
+use stoa_types::{ChunkId, FsError};
 use tokio::time::Instant;
 
 /// Pause between two passes, so that a store with few chunks is not read in a loop.
 const PASS_PAUSE: Duration = Duration::from_secs(1);
+/// What one chunk costs of the scrubber's byte budget at least: about what a disk reads
+/// sequentially in the time of the seeks a chunk takes (a listing entry, two opens, a
+/// header read), so that a store of many small chunks is paced by its seeks, not only
+/// its bytes. Counted as one 4 KiB block each, 3,000 chunks of 4 KiB were checked 2,000
+/// times a second per server and kept three idle chunk servers at 16 % of this 2-core
+/// machine at the default pace.
+const CHUNK_COST_MIN: u64 = 1 << 20;
 /// How often garbage is swept when the scrubber is off.
 const SWEEP_ONLY_PERIOD: Duration = Duration::from_secs(30);
 
@@ -72,8 +79,7 @@ impl Server {
                 }
                 let len = u64::from(len);
                 self.stats.scrubbed_bytes.fetch_add(len, Ordering::Relaxed);
-                // Every chunk costs at least a block, so that many tiny chunks are paced too.
-                paced += len.max(u64::from(BLOCK_SIZE_BYTES));
+                paced += len.max(CHUNK_COST_MIN);
                 tokio::time::sleep_until(started + Duration::from_secs_f64(paced as f64 / rate))
                     .await;
             }
