@@ -17,17 +17,97 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 
 /// Runs a command to completion, failing with its stderr.
+///
+/// Commands go through a shell started with the first of them, before any workload
+/// runs, never forked from this process itself: a child forked from a process whose
+/// threads wait on a FUSE mount that does not answer can take a minute to exec (seen
+/// in `client-fenced`: a heal's `ip netns exec` took 16 to 64 s, so the cut lasted that
+/// much longer than the scenario said, while the same command from another process
+/// took 3 ms).
 pub fn run(prog: &str, args: &[&str]) -> Result<String> {
     let cmd = format!("{prog} {}", args.join(" "));
-    let out = Command::new(prog)
-        .args(args)
-        .output()
-        .map_err(|e| FaultError::Command { cmd: cmd.clone(), detail: e.to_string() })?;
-    if !out.status.success() {
-        let detail = format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
-        return Err(FaultError::Command { cmd, detail });
+    let fail = |detail: String| FaultError::Command { cmd: cmd.clone(), detail };
+    static SHELL: std::sync::OnceLock<std::sync::Mutex<Option<Shell>>> = std::sync::OnceLock::new();
+    let mut shell = SHELL.get_or_init(Default::default).lock().expect("shell lock poisoned");
+    if shell.is_none() {
+        *shell = Some(Shell::start().map_err(|e| fail(format!("starting sh: {e}")))?);
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let sh = shell.as_mut().expect("started above");
+    let (status, out, err) = match sh.run(prog, args) {
+        Ok(done) => done,
+        Err(e) => {
+            // The shell is gone or out of step: the next command starts another.
+            *shell = None;
+            return Err(fail(format!("through sh: {e}")));
+        }
+    };
+    if status != 0 {
+        return Err(fail(format!("exit status {status}: {}", err.trim())));
+    }
+    Ok(out)
+}
+
+/// A shell that runs the harness's commands, one at a time, and tells their exit status.
+struct Shell {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    out: std::path::PathBuf,
+    err: std::path::PathBuf,
+}
+
+impl Shell {
+    fn start() -> std::io::Result<Shell> {
+        use std::process::Stdio;
+        let mut child = Command::new("sh").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        let base = std::env::temp_dir().join(format!("{}-sh", owner_prefix()));
+        let (out, err) = (base.with_extension("out"), base.with_extension("err"));
+        Ok(Shell { child, stdin, stdout, out, err })
+    }
+
+    fn run(&mut self, prog: &str, args: &[&str]) -> std::io::Result<(i32, String, String)> {
+        use std::io::{BufRead, Write};
+        let mut line = quote(prog);
+        for a in args {
+            line.push(' ');
+            line.push_str(&quote(a));
+        }
+        let (out, err) = (self.out.to_string_lossy(), self.err.to_string_lossy());
+        writeln!(
+            self.stdin,
+            "{line} </dev/null >{} 2>{}; echo \"rc $?\"",
+            quote(&out),
+            quote(&err)
+        )?;
+        self.stdin.flush()?;
+        let mut answer = String::new();
+        self.stdout.read_line(&mut answer)?;
+        let status = answer
+            .trim()
+            .strip_prefix("rc ")
+            .and_then(|rc| rc.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("unexpected answer {answer:?}")))?;
+        let read = |p: &std::path::Path| {
+            let text = std::fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned());
+            let _ = std::fs::remove_file(p);
+            text
+        };
+        Ok((status, read(&self.out)?, read(&self.err)?))
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `s` as one word for sh.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 /// Runs a command inside network namespace `ns`.
@@ -225,5 +305,18 @@ fn sweep_mounts() {
         if leftover_owner(&name).is_some_and(|pid| !pid_alive(pid)) {
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod shell_tests {
+    use super::run;
+
+    #[test]
+    fn commands_keep_their_words_output_and_failures() {
+        assert_eq!(run("printf", &["%s|", "a 'b' c", "", "$HOME"]).unwrap(), "a 'b' c||$HOME|");
+        let err = run("sh", &["-c", "echo out; echo oops >&2; exit 3"]).unwrap_err().to_string();
+        assert!(err.contains("exit status 3") && err.contains("oops"), "{err}");
+        assert_eq!(run("echo", &["still", "serving"]).unwrap(), "still serving\n");
     }
 }
