@@ -16,8 +16,9 @@
 //! ```
 //!
 //! A change meta refuses after this client answered it (it should not happen: the cap
-//! makes this client the only one changing D) is logged, drops the listing of D, and
-//! fails every handle of a file whose create was refused.
+//! makes this client the only one changing D), or one never sent because the caps it
+//! was made under lapsed, is logged, drops the listing of D, fails every handle of a
+//! file whose create was lost, and fails the next `fsync` of D (errseq-like).
 
 use crate::caps::Change;
 use crate::client::{Client, Shared};
@@ -30,6 +31,8 @@ use std::time::{Duration, Instant};
 use stoa_proto::{BatchOp, MetaOp, MetaResponse};
 use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
 
+/// Directories remembered with a loss at most; past it, those already reported go.
+const LOST_MAX: usize = 4096;
 /// The largest directory taken with its listing.
 const LISTING_LIMIT: u32 = 50_000;
 /// How long after a refused `TakeDir` the directory is not asked for again.
@@ -54,6 +57,39 @@ pub(crate) struct DirOps {
     inodes: tokio::sync::Mutex<(SessionId, Range<u64>)>,
     /// Directories meta would not give this client lately.
     refused: Mutex<HashMap<InodeId, Instant>>,
+    /// Changes this client answered that meta never took.
+    lost: Mutex<Lost>,
+}
+
+/// Answered changes that never reached meta (docs/flows/caps.md invariant 25), counted
+/// like the kernel's errseq: an fsync of a directory reports its loss once to every
+/// handle opened before it, and to the first fsync after it when none reported it.
+#[derive(Default)]
+struct Lost {
+    /// Losses so far; a directory handle remembers the count at its open.
+    count: u64,
+    /// Per directory: the count at its last loss, and whether an fsync reported it.
+    dirs: HashMap<InodeId, (u64, bool)>,
+}
+
+impl Lost {
+    fn record(&mut self, dir: InodeId) {
+        self.count += 1;
+        if self.dirs.len() >= LOST_MAX {
+            self.dirs.retain(|_, (_, reported)| !*reported);
+        }
+        self.dirs.insert(dir, (self.count, false));
+    }
+
+    /// Whether an fsync of `dir` through a handle that saw the losses up to `seen`
+    /// reports one; the handle has seen it then.
+    fn take(&mut self, dir: InodeId, seen: &mut u64) -> bool {
+        let Some((at, reported)) = self.dirs.get_mut(&dir) else { return false };
+        let report = *at > *seen || !*reported;
+        *reported = true;
+        *seen = (*seen).max(*at);
+        report
+    }
 }
 
 #[derive(Default)]
@@ -281,6 +317,27 @@ impl Client {
         self.sh.session.backlog.wait_all().await;
     }
 
+    /// How many answered changes were lost so far: a directory handle notes it at its
+    /// open, for [`Client::lost_in`].
+    pub fn lost_mark(&self) -> u64 {
+        self.sh.dirops.lost.lock().expect("lost lock poisoned").count
+    }
+
+    /// For an `fsync` of directory `dir`, after [`Client::sync_namespace`], through a
+    /// handle whose [`Client::lost_mark`] is `seen`: fails once for a change this client
+    /// answered in `dir` that never reached meta (its session expired first, or meta
+    /// refused it), so a process that syncs its changes learns of the loss instead of
+    /// trusting them.
+    pub fn lost_in(&self, dir: InodeId, seen: &mut u64) -> Result<(), FsError> {
+        if !self.sh.dirops.lost.lock().expect("lost lock poisoned").take(dir, seen) {
+            return Ok(());
+        }
+        Err(FsError::Io(format!(
+            "changes this mount made in directory {dir} were lost: its session with meta \
+             expired (or meta refused them) before they were sent"
+        )))
+    }
+
     /// Asks meta for `dir` with its listing unless this client holds it already or meta
     /// refused it lately.
     async fn take_dir(&self, dir: InodeId) {
@@ -413,7 +470,20 @@ async fn send(sh: Arc<Shared>) {
 /// Meta refused a change this client had already answered: the listing of its directory
 /// may be wrong now, and a file whose create was refused fails its handles.
 fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
-    tracing::warn!("meta refused a namespace change this client had made: {op:?}: {e}");
+    tracing::error!("a namespace change this client had answered was lost: {op:?}: {e}");
+    {
+        let mut lost = sh.dirops.lost.lock().expect("lost lock poisoned");
+        match op {
+            BatchOp::Create { parent, .. } | BatchOp::Remove { parent, .. } => {
+                lost.record(*parent);
+            }
+            BatchOp::Rename { parent, new_parent, .. } => {
+                lost.record(*parent);
+                lost.record(*new_parent);
+            }
+            BatchOp::Open { .. } | BatchOp::Release { .. } => {}
+        }
+    }
     match op {
         BatchOp::Create { ino, parent, .. } => {
             sh.caps.drop_listing(*parent);
@@ -434,5 +504,47 @@ fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
             }
         }
         BatchOp::Release { .. } => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lost;
+    use stoa_types::InodeId;
+
+    #[test]
+    fn a_lost_change_fails_one_fsync_of_each_handle_open_before_it_and_the_first_after() {
+        let (d, other) = (InodeId(7), InodeId(8));
+        let mut lost = Lost::default();
+        let (mut before_a, mut before_b) = (lost.count, lost.count);
+        lost.record(d);
+        // Every handle open at the loss reports it, once.
+        assert!(lost.take(d, &mut before_a));
+        assert!(!lost.take(d, &mut before_a));
+        assert!(lost.take(d, &mut before_b));
+        // A handle opened after it: the loss was reported already.
+        let mut after = lost.count;
+        assert!(!lost.take(d, &mut after));
+        // A loss nobody reported goes to the first fsync, even of a later handle.
+        lost.record(d);
+        let mut late = lost.count;
+        assert!(lost.take(d, &mut late));
+        assert!(!lost.take(d, &mut late));
+        assert!(lost.take(d, &mut after));
+        // Other directories lost nothing.
+        let mut elsewhere = 0;
+        assert!(!lost.take(other, &mut elsewhere));
+    }
+
+    #[test]
+    fn losses_already_reported_make_room_past_the_bound() {
+        let mut lost = Lost::default();
+        for i in 0..super::LOST_MAX as u64 {
+            lost.record(InodeId(i + 1));
+            let mut seen = 0;
+            assert!(lost.take(InodeId(i + 1), &mut seen));
+        }
+        lost.record(InodeId(u64::MAX));
+        assert_eq!(lost.dirs.len(), 1, "only the unreported loss stays");
     }
 }

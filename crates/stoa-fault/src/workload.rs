@@ -262,8 +262,9 @@ fn name(base: &Path, n: u8) -> PathBuf {
     base.join(format!("n{n}"))
 }
 
-/// Runs one namespace call. Errors that prove the state (EEXIST, ENOENT) are results;
-/// any other error leaves a mutation's outcome unknown and fails a read.
+/// Runs one namespace call; a change then fsyncs the directory. Errors that prove the
+/// state (EEXIST, ENOENT) are results; any other error (the fsync's too) leaves a
+/// change's outcome unknown and fails a read.
 fn namespace_op(base: &Path, call: &Call) -> (Outcome, Result<Ret, String>) {
     let result = match call {
         Call::Create(n) => std::fs::OpenOptions::new()
@@ -278,6 +279,13 @@ fn namespace_op(base: &Path, call: &Call) -> (Outcome, Result<Ret, String>) {
         Call::Read | Call::Write(_) => unreachable!("not a namespace call: {call:?}"),
     };
     let read = matches!(call, Call::Stat(_) | Call::List);
+    // A change is checked once synced: an answered change that never reached meta
+    // (the mount's session expired first) fails the directory's fsync.
+    if let Ok(Ret::Ok) = result {
+        if let Err(e) = std::fs::File::open(base).and_then(|d| d.sync_all()) {
+            return (Outcome::Unknown, Err(format!("fsync of the directory: {}", errno(&e))));
+        }
+    }
     match result {
         Ok(r) => (Outcome::Ok, Ok(r)),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => (Outcome::Ok, Ok(Ret::Exists)),

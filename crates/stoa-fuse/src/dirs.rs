@@ -19,6 +19,9 @@ const PAGE_ENTRIES_MAX: u32 = 4096;
 
 pub struct DirStream {
     ino: InodeId,
+    /// The client's count of lost namespace changes this handle has seen: at the open
+    /// (`Client::lost_mark`), then through its fsyncs (`Client::lost_in`).
+    pub seen_lost: u64,
     /// Stream position of `kept[0]`.
     start: usize,
     kept: VecDeque<DirEntry>,
@@ -30,9 +33,10 @@ pub struct DirStream {
 }
 
 impl DirStream {
-    pub fn new(ino: InodeId) -> DirStream {
+    pub fn new(ino: InodeId, seen_lost: u64) -> DirStream {
         DirStream {
             ino,
+            seen_lost,
             start: 0,
             kept: VecDeque::new(),
             last: Vec::new(),
@@ -43,7 +47,7 @@ impl DirStream {
 
     /// Forgets what was listed, so the next entries come fresh from meta.
     pub fn rewind(&mut self) {
-        *self = DirStream::new(self.ino);
+        *self = DirStream::new(self.ino, self.seen_lost);
     }
 
     /// The kernel took every entry before position `i`: they are dropped.

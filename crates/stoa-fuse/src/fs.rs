@@ -558,7 +558,8 @@ impl Filesystem for StoaFs {
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let id = self.next_dir.fetch_add(1, Ordering::Relaxed);
-        let stream = Arc::new(tokio::sync::Mutex::new(DirStream::new(ino(i))));
+        let seen = self.client.lost_mark();
+        let stream = Arc::new(tokio::sync::Mutex::new(DirStream::new(ino(i), seen)));
         self.dirs.lock().expect("dirs lock poisoned").insert(id, stream);
         reply.opened(FileHandle(id), FopenFlags::empty());
     }
@@ -615,16 +616,21 @@ impl Filesystem for StoaFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        i: INodeNo,
+        h: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let Some(stream) = self.dir(h) else { return reply.error(Errno::EBADF) };
         // Namespace changes this client made by itself reach meta (a majority's disks)
-        // first; the others were there when they returned.
+        // first; the others were there when they returned. One that never got there
+        // (its session expired first) fails the sync.
         self.spawn(|c| async move {
             c.sync_namespace().await;
-            reply.ok();
+            match c.lost_in(ino(i), &mut stream.lock().await.seen_lost) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("fsyncdir", &e)),
+            }
         });
     }
 
