@@ -374,6 +374,9 @@ impl Caps {
             }
             Change::Removed { at, dir, .. } => {
                 listing.remove(name);
+                // The kernel dropped its entry itself; a lookup without the listing
+                // (dropped later) must not find the name in what the kernel was given.
+                h.names.remove(name);
                 (*at, -i32::from(*dir))
             }
         };
@@ -440,6 +443,7 @@ impl Caps {
                 }
                 None => {
                     listing.remove(name);
+                    h.names.remove(name);
                 }
             }
             if let Some(attr) = &mut h.attr {
@@ -1132,5 +1136,28 @@ mod tests {
         assert!(caps.begin_recall(CapRef { ino: InodeId(3), seq: cap_seq(1, 5) }).is_some());
         looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 7), cap_seq(1, 8));
         assert!(caps.ttl(InodeId(3)) > Duration::ZERO);
+    }
+
+    /// Names this client removed or renamed away itself must not come back from its
+    /// cache once the directory's listing is gone (a fault run saw an O_EXCL create fail
+    /// with EEXIST right after the same mount renamed the name away).
+    #[test]
+    fn a_name_removed_or_renamed_here_is_not_found_once_the_listing_goes() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let mut dir = attr(DIR);
+        dir.kind = FileKind::Dir;
+        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries: vec![] }));
+        let (a, b) = (InodeId(2), InodeId(3));
+        assert!(caps.record_change(DIR, b"n3", Change::Created(attr(a))).is_some());
+        assert!(caps.record_change(DIR, b"n5", Change::Created(attr(b))).is_some());
+        let at = Timestamp::now();
+        assert!(caps.record_rename(((DIR, b"n3"), (DIR, b"n4")), a, None, at).is_some());
+        let removed = Change::Removed { child: b, dir: false, at, keep: false };
+        assert!(caps.record_change(DIR, b"n5", removed).is_some());
+        caps.drop_listing(DIR);
+        assert_eq!(caps.cached_name(DIR, b"n3"), None, "renamed away");
+        assert_eq!(caps.cached_name(DIR, b"n5"), None, "removed");
+        assert_eq!(caps.cached_name(DIR, b"n4"), Some(a));
     }
 }

@@ -369,12 +369,24 @@ impl Client {
     async fn take(&self, dir: InodeId) -> Result<bool, FsError> {
         let op = MetaOp::TakeDir { ino: dir, limit: LISTING_LIMIT };
         let sent = Instant::now();
+        let changes = &self.sh.session.entry_changes;
+        let mark = changes.mark();
         let grant = match self.sh.session.call_leader(op, TAKE_TIMEOUT).await? {
             MetaResponse::Dir(grant) => grant,
             other => return Err(unexpected("TakeDir", &other)),
         };
         self.renewed(sent).await;
-        Ok(grant.is_some_and(|grant| self.sh.caps.store_dir(&grant)))
+        let Some(grant) = grant else { return Ok(false) };
+        if !self.sh.caps.store_dir(&grant) {
+            return Ok(false);
+        }
+        // A change of ours that went to meta meanwhile may have been applied after the
+        // listing was taken (meta recalls only other sessions): keep the cap, not the
+        // listing; the next change here takes it again.
+        if !changes.quiet_since(mark) {
+            self.sh.caps.drop_listing(dir);
+        }
+        Ok(true)
     }
 
     /// The session's inode reservation, locked, with a number left (reserving more when

@@ -25,6 +25,8 @@ pub(crate) struct Session {
     /// every other call waits until meta has those queued before it, so meta sees this
     /// client's operations in the order the client made them.
     pub backlog: Backlog,
+    /// This client's changes of directory entries that go to meta as calls of their own.
+    pub entry_changes: EntryChanges,
     meta: MetaClient,
     name: String,
     grant: RwLock<SessionGrant>,
@@ -48,6 +50,7 @@ impl Session {
         let grant = open_grant(&meta, &name).await?;
         let session = Session {
             backlog: Backlog::default(),
+            entry_changes: EntryChanges::default(),
             meta,
             name,
             grant: RwLock::new(grant),
@@ -87,6 +90,7 @@ impl Session {
     /// expired: for what belongs to that session (releasing its open files).
     pub async fn call_in(&self, session: SessionId, op: MetaOp) -> Result<MetaResponse, FsError> {
         self.after_backlog(&op).await;
+        let _changing = changes_entries(&op).then(|| self.entry_changes.begin());
         let req_id = if op.is_mutation() {
             RequestId(self.next_req.fetch_add(1, Ordering::Relaxed))
         } else {
@@ -273,6 +277,60 @@ pub(crate) fn spawn_renewal(session: &Arc<Session>) -> tokio::task::JoinHandle<(
             }
         }
     })
+}
+
+/// Counts this client's calls that change directory entries at meta, so that a
+/// directory's listing fetched while one was under way is not trusted: meta may have
+/// taken the listing before the change and answered the change after, and nobody
+/// recalls a session for its own changes (dirops.rs, `take`).
+#[derive(Default)]
+pub(crate) struct EntryChanges {
+    /// Changes begun so far.
+    begun: AtomicU64,
+    /// Changes begun and not answered yet.
+    open: AtomicU64,
+}
+
+impl EntryChanges {
+    fn begin(&self) -> EntryChange<'_> {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        self.begun.fetch_add(1, Ordering::SeqCst);
+        EntryChange(self)
+    }
+
+    /// A mark to pass to [`EntryChanges::quiet_since`].
+    pub fn mark(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
+    }
+
+    /// Whether no change was under way at any time since `mark` was taken.
+    pub fn quiet_since(&self, mark: u64) -> bool {
+        self.open.load(Ordering::SeqCst) == 0 && self.begun.load(Ordering::SeqCst) == mark
+    }
+}
+
+/// One change under way; it ends when dropped.
+struct EntryChange<'a>(&'a EntryChanges);
+
+impl Drop for EntryChange<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether `op` adds, removes or moves directory entries at meta.
+fn changes_entries(op: &MetaOp) -> bool {
+    matches!(
+        op,
+        MetaOp::Create { .. }
+            | MetaOp::CreateOpen { .. }
+            | MetaOp::Mkdir { .. }
+            | MetaOp::Symlink { .. }
+            | MetaOp::Link { .. }
+            | MetaOp::Unlink { .. }
+            | MetaOp::Rmdir { .. }
+            | MetaOp::Rename { .. }
+    )
 }
 
 /// A retry hint that outlived the deadline is shown to applications as an I/O error.

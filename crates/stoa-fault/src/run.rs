@@ -164,7 +164,7 @@ fn run_scenario(
     let mut records = history.records();
     let mut notes = injected.notes;
     if let Some(f) = &injected.fenced {
-        anomalies.extend(scenario::late_writes(&records, &f.clients, f.expiry_ns, injected.end_ns));
+        anomalies.extend(scenario::late_writes(&records, f, injected.end_ns));
         let excused =
             scenario::excuse_unsynced_views(&mut records, &f.clients, f.cut_ns, injected.end_ns);
         notes.push(format!(

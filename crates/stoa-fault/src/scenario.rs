@@ -331,6 +331,9 @@ pub struct Fenced {
     pub clients: Vec<usize>,
     /// When the first link was cut.
     pub cut_ns: u64,
+    /// When the last link was cut: a write invoked from then on reached nobody before
+    /// the heal.
+    pub cut_done_ns: u64,
     pub expiry_ns: u64,
 }
 
@@ -355,7 +358,8 @@ fn client_fenced(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
     let lasted = (out.end_ns - cutting_ns) as f64 / 1e9;
     out.notes.push(format!("{client} cut from every server for {lasted:.1} s"));
     let expiry_ns = cut_ns + LEASE_ASSUMED.as_nanos() as u64;
-    out.fenced = Some(Fenced { clients: cx.clients_on[0].clone(), cut_ns: cutting_ns, expiry_ns });
+    let clients = cx.clients_on[0].clone();
+    out.fenced = Some(Fenced { clients, cut_ns: cutting_ns, cut_done_ns: cut_ns, expiry_ns });
     Ok(())
 }
 
@@ -393,18 +397,18 @@ pub fn excuse_unsynced_views(
     excused
 }
 
-/// Writes by `clients` that were in flight when the lease expired and yet succeeded after
-/// the partition healed.
-pub fn late_writes(
-    records: &[Record],
-    clients: &[usize],
-    expiry_ns: u64,
-    heal_ns: u64,
-) -> Vec<String> {
+/// Writes by the fenced clients invoked while they were cut off from everyone and
+/// before their lease expired that yet succeeded after the partition healed: they
+/// reached no server before the heal, so a server took them after the lease expired.
+/// (A write invoked while the links were being cut may have landed in time, its answer
+/// lost: the check leaves it to the linearizability check.)
+pub fn late_writes(records: &[Record], f: &Fenced, heal_ns: u64) -> Vec<String> {
+    let expiry_ns = f.expiry_ns;
     records
         .iter()
-        .filter(|r| clients.contains(&r.client) && matches!(r.call, Call::Write(_)))
-        .filter(|r| r.outcome == Outcome::Ok && r.invoke_ns < expiry_ns && r.complete_ns > heal_ns)
+        .filter(|r| f.clients.contains(&r.client) && matches!(r.call, Call::Write(_)))
+        .filter(|r| (f.cut_done_ns..expiry_ns).contains(&r.invoke_ns))
+        .filter(|r| r.outcome == Outcome::Ok && r.complete_ns > heal_ns)
         .map(|r| {
             format!(
                 "late write accepted: client {} {} {:?} invoked {:.2} s, returned ok {:.2} s (lease expired {:.2} s)",
@@ -417,4 +421,44 @@ pub fn late_writes(
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(client: usize, invoke_s: f64, complete_s: f64, outcome: Outcome) -> Record {
+        let ns = |s: f64| (s * 1e9) as u64;
+        Record {
+            client,
+            key: "reg/x/0".into(),
+            call: Call::Write(1),
+            ret: None,
+            outcome,
+            invoke_ns: ns(invoke_s),
+            complete_ns: ns(complete_s),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn only_writes_sent_while_cut_off_that_succeed_after_the_heal_are_late() {
+        let f = Fenced {
+            clients: vec![0],
+            cut_ns: 3e9 as u64,
+            cut_done_ns: 3.1e9 as u64,
+            expiry_ns: 13.1e9 as u64,
+        };
+        let records = [
+            write(0, 5.0, 19.0, Outcome::Ok),      // late
+            write(0, 3.05, 19.0, Outcome::Ok),     // sent while links were being cut
+            write(0, 5.0, 19.0, Outcome::Unknown), // refused or unknown
+            write(1, 5.0, 19.0, Outcome::Ok),      // another client
+            write(0, 14.0, 19.0, Outcome::Ok),     // invoked after the lease: a new session
+            write(0, 5.0, 17.0, Outcome::Ok),      // returned before the heal
+        ];
+        let late = late_writes(&records, &f, 18e9 as u64);
+        assert_eq!(late.len(), 1, "{late:?}");
+        assert!(late[0].contains("invoked 5.00 s"), "{late:?}");
+    }
 }
