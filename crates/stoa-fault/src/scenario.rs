@@ -73,9 +73,9 @@ impl Scenario {
     pub fn known_bug(self) -> Option<&'static str> {
         match self {
             Scenario::ClientFenced => Some(
-                "namespace changes the cut-off mount answered itself and had not sent when \
-                 its caps lapsed are dropped, so its own directory's history goes back \
-                 (3 runs of 3 on 2026-11-25)",
+                "a new file written by the cut-off mount right after the cut can return ok \
+                 after the heal, made in its new session or late (1 run in 12 on \
+                 2026-11-25; docs/FAULT_TESTS.md)",
             ),
             Scenario::DiskFull => Some(
                 "register reads go back around the moment the disk fills (CI, 2026-11-25, \
