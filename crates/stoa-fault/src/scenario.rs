@@ -74,7 +74,7 @@ impl Scenario {
         match self {
             Scenario::ClientFenced => Some(
                 "a new file written by the cut-off mount right after the cut can return ok \
-                 after the heal, made in its new session or late (1 run in 12 on \
+                 after the heal, made in its new session or late (2 runs of 16 on \
                  2026-11-25; docs/FAULT_TESTS.md)",
             ),
             Scenario::DiskFull => Some(
