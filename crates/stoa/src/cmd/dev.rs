@@ -69,20 +69,31 @@ struct Layout {
 
 /// A free port below Linux's default ephemeral range (32768-60999), so that no
 /// outgoing connection takes it between now and the node binding it; random, so that
-/// dev clusters started at once rarely pick the same.
-fn free_port() -> anyhow::Result<u16> {
+/// dev clusters started at once rarely pick the same; never one of `taken` (the ports
+/// this cluster already chose: each is free until its node binds it, so the probe alone
+/// could hand it out twice).
+fn free_port(taken: &[u16]) -> anyhow::Result<u16> {
     use std::hash::{BuildHasher, Hasher};
     const LOW: u16 = 20000;
     const HIGH: u16 = 32768;
+    let free = |port: u16| {
+        !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+    };
     for _ in 0..200 {
         let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
         let port = LOW + (random % u64::from(HIGH - LOW)) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if free(port) {
             return Ok(port);
         }
     }
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
-    Ok(listener.local_addr()?.port())
+    for _ in 0..16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
+        let port = listener.local_addr()?.port();
+        if !taken.contains(&port) {
+            return Ok(port);
+        }
+    }
+    bail!("no free port found on 127.0.0.1")
 }
 
 impl Layout {
@@ -99,12 +110,18 @@ impl Layout {
             Ok(text) => serde_json::from_str::<Layout>(&text).with_context(|| {
                 format!("{} is damaged; remove DIR to start over", path.display())
             })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Layout {
-                version: 1,
-                meta_ports: (0..meta).map(|_| free_port()).collect::<anyhow::Result<_>>()?,
-                chunk_ports: Vec::new(),
-                replicas: chunk.min(3) as u8,
-            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut meta_ports = Vec::with_capacity(meta);
+                while meta_ports.len() < meta {
+                    meta_ports.push(free_port(&meta_ports)?);
+                }
+                Layout {
+                    version: 1,
+                    meta_ports,
+                    chunk_ports: Vec::new(),
+                    replicas: chunk.min(3) as u8,
+                }
+            }
             Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
         };
         if layout.meta_ports.len() != meta {
@@ -125,7 +142,9 @@ impl Layout {
             );
         }
         while layout.chunk_ports.len() < chunk {
-            layout.chunk_ports.push(free_port()?);
+            let taken: Vec<u16> =
+                layout.meta_ports.iter().chain(&layout.chunk_ports).copied().collect();
+            layout.chunk_ports.push(free_port(&taken)?);
         }
         let text = serde_json::to_string_pretty(&layout)?;
         std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
@@ -379,4 +398,20 @@ async fn run(args: &Args, nodes: &mut [Node], stop: watch::Receiver<bool>) -> an
     stoa_fuse::mount(cfg, shutdown)
         .await
         .with_context(|| format!("mount at {}", args.mount.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_port;
+
+    #[test]
+    fn a_port_the_cluster_already_chose_is_never_chosen_again() {
+        // Every port of the random range but one is taken: whatever is picked is not one
+        // of them (the ports are free on this machine, so a probe alone would take them).
+        let taken: Vec<u16> = (20000..32767).collect();
+        for _ in 0..20 {
+            let port = free_port(&taken).unwrap();
+            assert!(!taken.contains(&port), "{port} was taken");
+        }
+    }
 }
