@@ -15,7 +15,12 @@ tmp=$(mktemp -d /tmp/stoa-bench.XXXXXX)
 mkdir -p "$tmp/mnt" "$tmp/local"
 target/release/stoa dev --dir "$tmp/cluster" --mount "$tmp/mnt" >"$tmp/dev.log" 2>&1 &
 dev=$!
-cleanup() { kill "$dev" 2>/dev/null; wait "$dev" 2>/dev/null; rm -rf "$tmp"; }
+# Under set -e a failing step would end the trap early: a dead dev left its temp dir.
+cleanup() {
+    kill "$dev" 2>/dev/null || true
+    wait "$dev" 2>/dev/null || true
+    rm -rf "$tmp"
+}
 trap cleanup EXIT
 for _ in $(seq 600); do mountpoint -q "$tmp/mnt" && break; sleep 0.2; done
 mountpoint -q "$tmp/mnt" || { cat "$tmp/dev.log"; exit 1; }
