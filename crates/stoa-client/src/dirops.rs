@@ -479,36 +479,28 @@ async fn send(sh: Arc<Shared>) {
     }
 }
 
-/// Meta refused a change this client had already answered: the listing of its directory
-/// may be wrong now, and a file whose create was refused fails its handles.
+/// Meta refused a change this client had already answered, or it was never sent: the
+/// listing of its directory may be wrong now, the next fsync there reports the loss, and
+/// a file whose create was refused fails its handles.
 fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
     tracing::error!("a namespace change this client had answered was lost: {op:?}: {e}");
-    {
-        let mut lost = sh.dirops.lost.lock().expect("lost lock poisoned");
-        match op {
-            BatchOp::Create { parent, .. } | BatchOp::Remove { parent, .. } => {
-                lost.record(*parent);
-            }
-            BatchOp::Rename { parent, new_parent, .. } => {
-                lost.record(*parent);
-                lost.record(*new_parent);
-            }
-            BatchOp::Open { .. } | BatchOp::Release { .. } => {}
-        }
-    }
+    let lost = |dir: InodeId| {
+        sh.dirops.lost.lock().expect("lost lock poisoned").record(dir);
+        sh.caps.drop_listing(dir);
+    };
     match op {
         BatchOp::Create { ino, parent, .. } => {
-            sh.caps.drop_listing(*parent);
+            lost(*parent);
             sh.caps.forget(&[*ino], &[]);
             if let Some(file) = sh.open_file(*ino) {
                 file.lock()
                     .fail(FsError::Io(format!("meta refused the create of inode {ino}: {e}")));
             }
         }
-        BatchOp::Remove { parent, .. } => sh.caps.drop_listing(*parent),
+        BatchOp::Remove { parent, .. } => lost(*parent),
         BatchOp::Rename { parent, new_parent, .. } => {
-            sh.caps.drop_listing(*parent);
-            sh.caps.drop_listing(*new_parent);
+            lost(*parent);
+            lost(*new_parent);
         }
         BatchOp::Open { ino } => {
             if let Some(file) = sh.open_file(*ino) {

@@ -90,7 +90,7 @@ impl Session {
     /// expired: for what belongs to that session (releasing its open files).
     pub async fn call_in(&self, session: SessionId, op: MetaOp) -> Result<MetaResponse, FsError> {
         self.after_backlog(&op).await;
-        let _changing = changes_entries(&op).then(|| self.entry_changes.begin());
+        let _changing = op.changes_entries().then(|| self.entry_changes.begin());
         let req_id = if op.is_mutation() {
             RequestId(self.next_req.fetch_add(1, Ordering::Relaxed))
         } else {
@@ -316,21 +316,6 @@ impl Drop for EntryChange<'_> {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-/// Whether `op` adds, removes or moves directory entries at meta.
-fn changes_entries(op: &MetaOp) -> bool {
-    matches!(
-        op,
-        MetaOp::Create { .. }
-            | MetaOp::CreateOpen { .. }
-            | MetaOp::Mkdir { .. }
-            | MetaOp::Symlink { .. }
-            | MetaOp::Link { .. }
-            | MetaOp::Unlink { .. }
-            | MetaOp::Rmdir { .. }
-            | MetaOp::Rename { .. }
-    )
 }
 
 /// A retry hint that outlived the deadline is shown to applications as an I/O error.

@@ -168,8 +168,7 @@ fn run_scenario(
     let mut found = Vec::new();
     if let Some(f) = &injected.fenced {
         found.extend(scenario::late_writes(&records, f, injected.end_ns));
-        let excused =
-            scenario::excuse_unsynced_views(&mut records, &f.clients, f.cut_ns, injected.end_ns);
+        let excused = scenario::excuse_unsynced_views(&mut records, f, injected.end_ns);
         notes.push(format!(
             "{excused} reads of the cut-off mount's own unsynced namespace changes not checked"
         ));

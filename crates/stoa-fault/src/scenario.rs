@@ -374,17 +374,12 @@ const UNSENT_BEFORE_CUT: Duration = Duration::from_millis(50);
 /// stay checked: the workload fsyncs the directory after each one and counts a change
 /// whose fsync failed as unknown (invariant 25), so a change lost after it returned
 /// synced is still an anomaly. Returns how many calls were taken out.
-pub fn excuse_unsynced_views(
-    records: &mut [Record],
-    clients: &[usize],
-    cut_ns: u64,
-    heal_ns: u64,
-) -> usize {
-    let from = cut_ns.saturating_sub(UNSENT_BEFORE_CUT.as_nanos() as u64);
+pub fn excuse_unsynced_views(records: &mut [Record], f: &Fenced, heal_ns: u64) -> usize {
+    let from = f.cut_ns.saturating_sub(UNSENT_BEFORE_CUT.as_nanos() as u64);
     let mut excused = 0;
     for r in records.iter_mut() {
         let view = r.key.starts_with("dir/") && r.ret.as_ref().is_some_and(|v| *v != Ret::Ok);
-        if clients.contains(&r.client)
+        if f.clients.contains(&r.client)
             && view
             && r.outcome == Outcome::Ok
             && (from..=heal_ns).contains(&r.complete_ns)

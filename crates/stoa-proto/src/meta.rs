@@ -417,6 +417,21 @@ impl MetaOp {
                 | MetaOp::DeadInodes { .. }
         )
     }
+
+    /// Whether the operation adds, removes or moves directory entries.
+    pub fn changes_entries(&self) -> bool {
+        matches!(
+            self,
+            MetaOp::Create { .. }
+                | MetaOp::CreateOpen { .. }
+                | MetaOp::Mkdir { .. }
+                | MetaOp::Symlink { .. }
+                | MetaOp::Link { .. }
+                | MetaOp::Unlink { .. }
+                | MetaOp::Rmdir { .. }
+                | MetaOp::Rename { .. }
+        )
+    }
 }
 
 /// What meta grants a new session.
