@@ -298,14 +298,20 @@ impl EntryChanges {
         EntryChange(self)
     }
 
-    /// A mark to pass to [`EntryChanges::quiet_since`].
-    pub fn mark(&self) -> u64 {
-        self.begun.load(Ordering::SeqCst)
+    /// A mark to pass to [`EntryChanges::quiet_since`]; `None` when a change is under
+    /// way already.
+    pub fn mark(&self) -> Option<u64> {
+        // `begin` counts a change open before begun, so one that begins between these
+        // two loads is seen open here or begun later.
+        let begun = self.begun.load(Ordering::SeqCst);
+        (self.open.load(Ordering::SeqCst) == 0).then_some(begun)
     }
 
     /// Whether no change was under way at any time since `mark` was taken.
-    pub fn quiet_since(&self, mark: u64) -> bool {
-        self.open.load(Ordering::SeqCst) == 0 && self.begun.load(Ordering::SeqCst) == mark
+    pub fn quiet_since(&self, mark: Option<u64>) -> bool {
+        mark.is_some_and(|begun| {
+            self.open.load(Ordering::SeqCst) == 0 && self.begun.load(Ordering::SeqCst) == begun
+        })
     }
 }
 
@@ -341,5 +347,26 @@ fn op_name(op: &MetaOp) -> &'static str {
         MetaOp::Symlink { .. } => "Symlink",
         MetaOp::Link { .. } => "Link",
         _ => "a meta call",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EntryChanges;
+
+    #[test]
+    fn a_change_under_way_at_any_time_since_the_mark_is_seen() {
+        let changes = EntryChanges::default();
+        let mark = changes.mark();
+        assert!(changes.quiet_since(mark));
+        // Begun after the mark, answered before the check.
+        drop(changes.begin());
+        assert!(!changes.quiet_since(mark));
+        // Under way at the mark, answered before the check.
+        let change = changes.begin();
+        let mark = changes.mark();
+        drop(change);
+        assert!(!changes.quiet_since(mark));
+        assert!(changes.quiet_since(changes.mark()));
     }
 }
