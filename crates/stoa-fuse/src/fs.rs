@@ -17,6 +17,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
@@ -70,17 +71,70 @@ impl StoaFs {
     {
         // Timers, sockets and tasks the first poll starts need the runtime's context.
         let _runtime = self.rt.enter();
-        let mut task = Box::pin(op(self.client.clone()));
-        // Whatever the first poll waits on is polled again by the spawned task, with
-        // that task's waker, so this one may do nothing.
-        let mut here = Context::from_waker(Waker::noop());
-        if task.as_mut().poll(&mut here).is_pending() {
-            self.rt.spawn(task);
-        }
+        run_here_first(&self.rt, Box::pin(op(self.client.clone())));
     }
 
     fn dir(&self, fh: FileHandle) -> Option<Arc<tokio::sync::Mutex<DirStream>>> {
         self.dirs.lock().expect("dirs lock poisoned").get(&fh.0).cloned()
+    }
+}
+
+/// A request that had to wait in its first poll on fuser's thread. It becomes a task on
+/// the runtime only when what it waits for wakes it, on the thread that woke it (usually
+/// a runtime worker that read the reply): spawning it at once would wake an idle worker
+/// just to poll it and park again, a thread switch per request that a 4 KiB read through
+/// the mount paid on top of the two it needs.
+struct Later {
+    rt: tokio::runtime::Handle,
+    state: Mutex<LaterState>,
+}
+
+enum LaterState {
+    /// The first poll is under way on fuser's thread.
+    Polling,
+    /// Woken during the first poll: spawn as soon as it returns.
+    WokenEarly,
+    Parked(Task),
+    /// A task on the runtime now, polled with the runtime's own wakers.
+    Spawned,
+}
+
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Polls `task` once on this thread; if it has to wait, it becomes a [`Later`].
+fn run_here_first(rt: &tokio::runtime::Handle, mut task: Task) {
+    let later = Arc::new(Later { rt: rt.clone(), state: Mutex::new(LaterState::Polling) });
+    let waker = Waker::from(later.clone());
+    if task.as_mut().poll(&mut Context::from_waker(&waker)).is_pending() {
+        later.park(task);
+    }
+}
+
+impl Later {
+    fn park(&self, task: Task) {
+        let mut state = self.state.lock().expect("later lock poisoned");
+        match *state {
+            LaterState::WokenEarly => {
+                *state = LaterState::Spawned;
+                drop(state);
+                self.rt.spawn(task);
+            }
+            _ => *state = LaterState::Parked(task),
+        }
+    }
+}
+
+impl std::task::Wake for Later {
+    fn wake(self: Arc<Self>) {
+        let mut state = self.state.lock().expect("later lock poisoned");
+        match std::mem::replace(&mut *state, LaterState::Spawned) {
+            LaterState::Polling => *state = LaterState::WokenEarly,
+            LaterState::Parked(task) => {
+                drop(state);
+                self.rt.spawn(task);
+            }
+            other => *state = other,
+        }
     }
 }
 
@@ -758,5 +812,79 @@ impl Filesystem for StoaFs {
                 Err(e) => reply.error(fail("create", &e)),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+    use std::task::Poll;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+    }
+
+    /// Waits at most 5 s for `done` to say the task finished, and how many times.
+    fn finished(done: &mpsc::Receiver<usize>) -> usize {
+        done.recv_timeout(Duration::from_secs(5)).expect("the task never finished")
+    }
+
+    #[test]
+    fn a_task_done_in_its_first_poll_runs_once_here() {
+        let rt = runtime();
+        let (tx, done) = mpsc::channel();
+        let here = std::thread::current().id();
+        run_here_first(
+            rt.handle(),
+            Box::pin(
+                async move { tx.send(usize::from(std::thread::current().id() == here)).unwrap() },
+            ),
+        );
+        assert_eq!(finished(&done), 1, "ran on another thread");
+    }
+
+    #[test]
+    fn a_task_woken_during_its_first_poll_still_finishes() {
+        let rt = runtime();
+        let (tx, done) = mpsc::channel();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let counted = polls.clone();
+        run_here_first(
+            rt.handle(),
+            Box::pin(async move {
+                std::future::poll_fn(|cx| {
+                    if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(())
+                })
+                .await;
+                tx.send(counted.load(Ordering::SeqCst)).unwrap();
+            }),
+        );
+        assert_eq!(finished(&done), 2);
+    }
+
+    #[test]
+    fn a_task_woken_later_from_anywhere_finishes_once() {
+        let rt = runtime();
+        let (tx, done) = mpsc::channel();
+        let (wake_tx, wake_rx) = tokio::sync::oneshot::channel::<()>();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        run_here_first(
+            rt.handle(),
+            Box::pin(async move {
+                wake_rx.await.unwrap();
+                tx.send(counted.fetch_add(1, Ordering::SeqCst) + 1).unwrap();
+            }),
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "ran before it was woken");
+        std::thread::spawn(move || wake_tx.send(()).unwrap()).join().unwrap();
+        assert_eq!(finished(&done), 1);
     }
 }

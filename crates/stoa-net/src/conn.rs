@@ -1,6 +1,6 @@
 //! The calling side: one multiplexed connection per peer, and a pool of them.
 
-use crate::wire::{read_frame, write_frames, Outgoing};
+use crate::wire::{read_frame, Outgoing, Sender};
 use crate::{NetError, ReplyWithPayload};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use std::time::Duration;
 use stoa_proto::{FrameKind, Reply, Request, Response};
 use stoa_types::FsError;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 /// How long a connection attempt may take before the peer counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,7 +41,7 @@ impl Shared {
 #[derive(Clone)]
 pub struct Conn {
     shared: Arc<Shared>,
-    tx: mpsc::Sender<Outgoing>,
+    sender: Arc<Sender>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -62,12 +62,12 @@ impl Conn {
             waiting: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
         });
-        let (tx, rx) = mpsc::channel(SEND_QUEUE_FRAMES);
+        let (sender, writer) = Sender::new(wr, peer, SEND_QUEUE_FRAMES);
 
         let writer_shared = shared.clone();
         tokio::spawn(async move {
-            if let Err(e) = write_frames(wr, rx).await {
-                writer_shared.fail_all(&format!("write: {e}"));
+            if let Err(e) = writer.await {
+                writer_shared.fail_all(&e.to_string());
             }
         });
         let reader_shared = shared.clone();
@@ -91,12 +91,12 @@ impl Conn {
             };
             reader_shared.fail_all(&detail);
         });
-        Ok(Conn { shared, tx, next_id: Arc::new(AtomicU64::new(1)) })
+        Ok(Conn { shared, sender: Arc::new(sender), next_id: Arc::new(AtomicU64::new(1)) })
     }
 
     /// Whether the connection has failed and can carry no more calls.
     pub fn is_dead(&self) -> bool {
-        self.shared.dead.load(Ordering::Acquire) || self.tx.is_closed()
+        self.shared.dead.load(Ordering::Acquire) || self.sender.is_failed()
     }
 
     /// Sends `req` with `payload` and waits up to `timeout` for the reply.
@@ -114,7 +114,7 @@ impl Conn {
         let started = tokio::time::Instant::now();
         // The send waits while the writer is stuck on a socket that takes nothing (a peer
         // cut off): it counts against the call's timeout like the wait for the reply.
-        let sent = tokio::time::timeout(timeout, self.tx.send(out)).await;
+        let sent = tokio::time::timeout(timeout, self.sender.send(out)).await;
         if self.is_dead() || !matches!(sent, Ok(Ok(()))) {
             self.shared.waiting.lock().expect("waiting lock poisoned").remove(&id);
             return Err(match sent {

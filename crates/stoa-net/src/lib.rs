@@ -103,6 +103,49 @@ mod tests {
         assert_eq!(back, big);
     }
 
+    /// Frames written straight from the caller and frames queued behind a full socket
+    /// (payloads far larger than its buffer, sent at once) never interleave.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_sent_now_and_frames_queued_arrive_whole() {
+        let addr = start().await;
+        let pool = Pool::new();
+        let mut calls = Vec::new();
+        for i in 0..64u32 {
+            let pool = pool.clone();
+            calls.push(tokio::spawn(async move {
+                let size = if i % 2 == 0 { 3 << 20 } else { i as usize * 7 };
+                let payload = Bytes::from(vec![i as u8; size]);
+                let (_, back) = pool
+                    .call(addr, &read(1, 100 + i), payload.clone(), Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                assert!(back == payload, "call {i} got {} bytes back", back.len());
+            }));
+        }
+        for c in calls {
+            c.await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_handle_closes_the_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conn = Conn::connect(addr).await.unwrap();
+        let (mut peer, _) = listener.accept().await.unwrap();
+        let copy = conn.clone();
+        drop(conn);
+        let mut buf = [0u8; 16];
+        let still_open = tokio::time::timeout(Duration::from_millis(300), peer.read(&mut buf));
+        assert!(still_open.await.is_err(), "closed while a handle was left");
+        drop(copy);
+        let n = tokio::time::timeout(Duration::from_secs(5), peer.read(&mut buf))
+            .await
+            .expect("the connection must close once no handle is left")
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+
     #[tokio::test]
     async fn errors_from_the_handler_reach_the_caller() {
         let addr = start().await;

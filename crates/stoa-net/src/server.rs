@@ -1,6 +1,6 @@
 //! The serving side: accept connections and run a handler per request.
 
-use crate::wire::{read_frame, write_frames, Outgoing};
+use crate::wire::{read_frame, Outgoing, Sender};
 use crate::NetError;
 use bytes::Bytes;
 use std::future::Future;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use stoa_proto::{FrameKind, Reply, Request};
 use stoa_types::FsError;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 /// How many requests of one connection may run at once; more wait in the socket.
 const IN_FLIGHT_PER_CONN_MAX: usize = 256;
@@ -58,8 +58,8 @@ async fn serve_conn<H: Handler>(
 ) -> Result<(), NetError> {
     let _ = stream.set_nodelay(true);
     let (mut rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<Outgoing>(IN_FLIGHT_PER_CONN_MAX);
-    let writer = tokio::spawn(write_frames(wr, rx));
+    let (sender, writer) = Sender::new(wr, peer, IN_FLIGHT_PER_CONN_MAX);
+    let (sender, writer) = (Arc::new(sender), tokio::spawn(writer));
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONN_MAX));
     let result = loop {
         let frame = match read_frame::<Request, _>(&mut rd, peer).await {
@@ -72,7 +72,7 @@ async fn serve_conn<H: Handler>(
         };
         let permit = slots.clone().acquire_owned().await.expect("semaphore closed");
         let handler = handler.clone();
-        let tx = tx.clone();
+        let sender = sender.clone();
         tokio::spawn(async move {
             let (reply, payload) = handler.handle(frame.head, frame.payload, peer).await;
             let out = match Outgoing::new(FrameKind::Reply, frame.id, &reply, payload, peer) {
@@ -83,11 +83,11 @@ async fn serve_conn<H: Handler>(
                         .expect("an error reply always encodes")
                 }
             };
-            let _ = tx.send(out).await;
+            let _ = sender.send(out).await;
             drop(permit);
         });
     };
-    drop(tx);
+    drop(sender);
     let _ = writer.await;
     result
 }
