@@ -107,6 +107,13 @@ pub(crate) struct Server {
     /// be seen by one read and gone for the next, and no read may go back to a version
     /// older than one another replica served.
     unsettled: Mutex<HashSet<ChunkId>>,
+    /// Chunks with a mutation applied here that the chain's last active member may not
+    /// have yet (one at a time per chunk: the ordering lock is held until the chain
+    /// answered). This replica serves no reads of them meanwhile: a read here could see
+    /// the new bytes and a later read at the tail the old ones, a read going back (CRAQ
+    /// sends such reads to the tail; the client tries the next replica). The tail never
+    /// refuses for this, so a healthy chain always has a replica that answers.
+    writing: Mutex<HashSet<ChunkId>>,
     /// When this server last told meta it is out of space.
     reported_full: Mutex<Option<std::time::Instant>>,
     tasks: Mutex<JoinSet<()>>,
@@ -147,6 +154,7 @@ impl Server {
             orphans: Mutex::new(HashSet::new()),
             backlog: Mutex::new(HashMap::new()),
             unsettled: Mutex::new(HashSet::new()),
+            writing: Mutex::new(HashSet::new()),
             reported_full: Mutex::new(None),
             tasks: Mutex::new(JoinSet::new()),
         }
@@ -229,13 +237,28 @@ impl Server {
         self.unsettled.lock().expect("unsettled lock poisoned").remove(&chunk);
     }
 
+    /// Whether this replica may answer a read of `chunk` with what it read: called after
+    /// the bytes were read, so that bytes of a mutation applied here meanwhile are never
+    /// answered before the tail has them (`writing` is marked before the mutation is
+    /// applied, and cleared only once the chain answered).
     fn check_settled(&self, chunk: ChunkId) -> Result<(), FsError> {
         if self.unsettled.lock().expect("unsettled lock poisoned").contains(&chunk) {
             return Err(FsError::Unavailable(format!(
                 "chunk {chunk} has a write not settled on its chain; read another replica"
             )));
         }
+        if self.writing.lock().expect("writing lock poisoned").contains(&chunk) {
+            return Err(FsError::Unavailable(format!(
+                "chunk {chunk} has a write not yet at the chain's tail; read another replica"
+            )));
+        }
         Ok(())
+    }
+
+    /// Marks `chunk` as written here ahead of the tail until the guard is dropped.
+    fn writing(self: &Arc<Self>, chunk: ChunkId) -> Writing {
+        self.writing.lock().expect("writing lock poisoned").insert(chunk);
+        Writing { server: self.clone(), chunk }
     }
 
     /// Tells meta, in the background and at most every `FULL_REPORT_PERIOD`, that this
@@ -309,7 +332,9 @@ impl Server {
                     Some(data) => Ok(data),
                     None => self.disk(move |e| e.read(chunk, offset, len)).await,
                 };
-                Ok((ChunkResponse::Data, Bytes::from(self.checked(chunk, data)?)))
+                let data = self.checked(chunk, data)?;
+                self.check_settled(chunk)?;
+                Ok((ChunkResponse::Data, Bytes::from(data)))
             }
             op @ (ChunkOp::Write { chunk, .. } | ChunkOp::WriteRanges { chunk, .. }) => {
                 let version = self.mutate(&chain, chunk, op, payload, req.deadline_ms).await?;
@@ -432,6 +457,18 @@ impl Server {
             ))
         })?;
         Ok(Some(addr))
+    }
+}
+
+/// A chunk's mark in `Server::writing`, removed when dropped.
+struct Writing {
+    server: Arc<Server>,
+    chunk: ChunkId,
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.server.writing.lock().expect("writing lock poisoned").remove(&self.chunk);
     }
 }
 

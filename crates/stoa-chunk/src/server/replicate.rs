@@ -44,6 +44,10 @@ impl Server {
             );
             return Err(FsError::SessionExpired);
         }
+        // Ahead of the tail from the moment it is applied here until the chain answered.
+        let ahead_of_tail = chain.members.last().is_some_and(|tail| *tail != self.node)
+            && chain.members.contains(&self.node);
+        let _writing = ahead_of_tail.then(|| self.writing(chunk));
         let local_op = op.clone();
         let data = payload.clone();
         let reserve = self.reserve_for(&local_op);

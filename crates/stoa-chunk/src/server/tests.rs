@@ -659,6 +659,48 @@ async fn a_write_stuck_on_a_stopped_successor_ends_when_the_chain_moves_on() {
     .await;
 }
 
+/// Found by `stoa-fault` (two mounts writing one register, no fault injected): reads
+/// returned the value of a write in flight, then the older one, then the new one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_not_yet_at_the_tail_is_read_from_no_replica() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let short = c.meta.set_chain(&[c.node(0), c.node(1)], &[]);
+        c.converge().await;
+        c.write(&short, chunk(0), 0, b"old").await;
+        // The tail stops answering: the next write is applied at the head and the middle
+        // and waits there for the tail.
+        let (addr, arrived) = stopped_server().await;
+        let stopped = NodeId(99);
+        c.meta.state.lock().unwrap().table.nodes.push(ChunkNode { id: stopped, addr });
+        let chain = c.meta.set_chain(&[c.node(0), c.node(1), stopped], &[]);
+        c.converge().await;
+        let op = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let stuck = c.call(0, &chain, op, b"new");
+        let reads = async {
+            arrived.await.unwrap();
+            for i in [0, 1] {
+                let read = c.read(i, &chain, chunk(0)).await;
+                assert!(
+                    matches!(read, Err(FsError::Unavailable(ref m)) if m.contains("tail")),
+                    "server {i} answered {read:?} while the tail lacks the write"
+                );
+            }
+            c.meta.set_chain(&[c.node(0), c.node(1)], &[])
+        };
+        let (stuck, short) = tokio::join!(stuck, reads);
+        assert!(stuck.is_err());
+        // The writer's retry on the new chain settles it; then every replica answers.
+        c.converge().await;
+        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        c.call(0, &short, retry, b"new").await.unwrap();
+        for i in [0, 1] {
+            assert_eq!(c.read(i, &short, chunk(0)).await.unwrap(), &b"new"[..]);
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_resync_reach_the_syncing_server() {
     bounded(async {
