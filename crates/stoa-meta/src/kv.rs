@@ -40,11 +40,14 @@ pub enum Table {
     /// Inode number ++ session id -> nothing: the same rows by inode, to find whether
     /// anyone still has a file open.
     Openers,
+    /// Inode number -> when its last name went: orphans kept a short while because
+    /// another client may be opening them by inode (see `ops/unlink.rs`).
+    Strays,
 }
 
 impl Table {
     /// Every table, so that stores can create them all and snapshots can dump them all.
-    pub const ALL: [Table; 16] = [
+    pub const ALL: [Table; 17] = [
         Table::Inodes,
         Table::Dentries,
         Table::Symlinks,
@@ -61,6 +64,7 @@ impl Table {
         Table::SessionLocks,
         Table::Opens,
         Table::Openers,
+        Table::Strays,
     ];
 
     /// The table's stable name in a store and in snapshots. Never rename one: stores and
@@ -83,6 +87,7 @@ impl Table {
             Table::SessionLocks => "session_locks",
             Table::Opens => "opens",
             Table::Openers => "openers",
+            Table::Strays => "strays",
         }
     }
 }

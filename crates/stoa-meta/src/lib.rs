@@ -65,6 +65,8 @@ pub enum Command {
     /// The leader saw no renewal of `session` for a whole lease: end it and release
     /// everything it held, as if it had closed.
     ExpireSession { session: SessionId },
+    /// The grace of these strays is over: release each unless someone has it open.
+    PurgeStrays { inos: Vec<InodeId> },
 }
 
 /// Applies one committed command and returns its answer. An `Err` is an answer too
@@ -84,6 +86,12 @@ pub fn apply(kv: &mut impl KvWrite, cmd: &Command) -> Result<MetaResponse, FsErr
             atomic(kv, |kv| ops::chains::rebuild(kv, *chain, *node))
         }
         Command::ExpireSession { session } => end_session(kv, *session),
+        Command::PurgeStrays { inos } => atomic(kv, |kv| {
+            for &ino in inos {
+                ops::unlink::purge(kv, ino)?;
+            }
+            Ok(MetaResponse::Done)
+        }),
     }
 }
 
@@ -186,6 +194,23 @@ pub fn garbage(kv: &impl KvRead, limit: usize) -> Result<Vec<(InodeId, u64)>, Fs
             Ok((InodeId(ino), store::decode(Table::Garbage, key, value)?))
         })
         .collect()
+}
+
+/// Strays whose last name went at `before` or earlier (see `ops/unlink.rs`), at most
+/// `limit` of the table's first rows looked at.
+pub fn strays(kv: &impl KvRead, before: Timestamp, limit: usize) -> Result<Vec<InodeId>, FsError> {
+    let rows = kv.scan(Table::Strays, &[], None, limit)?;
+    let mut old = Vec::new();
+    for (key, value) in &rows {
+        let ino = key.as_slice().try_into().map(u64::from_be_bytes).map_err(|_| {
+            FsError::Io(format!("stray key of {} bytes is not an inode number", key.len()))
+        })?;
+        let since: Timestamp = store::decode(Table::Strays, key, value)?;
+        if since <= before {
+            old.push(InodeId(ino));
+        }
+    }
+    Ok(old)
 }
 
 /// How many inodes exist, the root included.

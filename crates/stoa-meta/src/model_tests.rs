@@ -250,6 +250,7 @@ fn check_tree(fs: &mut Fs, model: &Model) {
         }
     }
     assert_eq!(seen.len(), model.paths.len(), "names missing from the real tree");
+    fs.purge_strays();
     assert_eq!(file_count(&fs.kv).unwrap(), model.nodes.len() as u64 + 1);
 }
 

@@ -80,6 +80,12 @@ impl Fs {
         self.call(MetaOp::Unlink { parent, name: name.as_bytes().to_vec(), open }).map(|_| ())
     }
 
+    /// Purges every stray, as the leader does once their grace is over.
+    pub fn purge_strays(&mut self) {
+        let inos = crate::strays(&self.kv, self.now(), usize::MAX).unwrap();
+        crate::apply(&mut self.kv, &crate::Command::PurgeStrays { inos }).unwrap();
+    }
+
     pub fn rmdir(&mut self, parent: InodeId, name: &str) -> Result<(), FsError> {
         self.call(MetaOp::Rmdir { parent, name: name.as_bytes().to_vec() }).map(|_| ())
     }

@@ -6,6 +6,7 @@
 //!   server that reported itself full counts as down until it has space again), and
 //!   `RebuildChain` for chains short of replicas for longer than the rebuild delay;
 //! - delete the chunks of garbage inodes and then propose `GarbageCollected`;
+//! - purge strays whose grace is over (`PurgeStrays`);
 //! - expire client sessions that stopped renewing (`ExpireSession`).
 
 use crate::liveness::DOWN_AFTER;
@@ -26,6 +27,11 @@ const LIVENESS_PERIOD: Duration = Duration::from_millis(250);
 const GC_PERIOD: Duration = Duration::from_millis(500);
 /// Garbage inodes handled per round.
 const GC_BATCH: usize = 100;
+/// How long a stray is kept after its unlink (stoa-meta `ops/unlink.rs`): far longer
+/// than a kernel takes from resolving a name to opening the inode.
+const STRAY_GRACE: Duration = Duration::from_secs(2);
+/// Rows of the strays table looked at per round.
+const STRAY_BATCH: usize = 1000;
 /// Chunk deletions in flight at once for one inode.
 const GC_PARALLEL: usize = 16;
 const CHUNK_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,6 +55,7 @@ pub(crate) async fn follow_leadership(node: Arc<Node>) {
             tasks.spawn(create_cluster(node.clone()));
             tasks.spawn(judge_liveness(node.clone()));
             tasks.spawn(collect_garbage(node.clone()));
+            tasks.spawn(purge_strays(node.clone()));
             tasks.spawn(expire_sessions(node.clone()));
             running = Some((view.term, tasks));
         } else if !leading && running.is_some() {
@@ -266,6 +273,26 @@ async fn collect_once(node: &Node) -> Result<(), FsError> {
                 tracing::debug!("deleting the chunks of inode {ino} failed ({e}); will retry")
             }
         }
+    }
+    Ok(())
+}
+
+async fn purge_strays(node: Arc<Node>) {
+    let mut ticker = tokio::time::interval(GC_PERIOD);
+    loop {
+        ticker.tick().await;
+        if let Err(e) = purge_strays_once(&node).await {
+            tracing::debug!("stray purge round failed: {e}");
+        }
+    }
+}
+
+async fn purge_strays_once(node: &Node) -> Result<(), FsError> {
+    let now = Timestamp::now();
+    let before = Timestamp { secs: now.secs - STRAY_GRACE.as_secs() as i64, ..now };
+    let inos = node.raft.read(move |kv| stoa_meta::strays(kv, before, STRAY_BATCH)).await?;
+    if !inos.is_empty() {
+        node.raft.propose(Command::PurgeStrays { inos }).await?;
     }
     Ok(())
 }

@@ -65,8 +65,10 @@ pub enum MetaOp {
     ReadLink {
         ino: InodeId,
     },
-    /// Removes a name. When the last link goes and `open` is true (the caller still has
-    /// the file open), the inode is kept as an orphan until [`MetaOp::Purge`].
+    /// Removes a name. `open` is ignored: it once kept a file its caller had open, which
+    /// meta now knows from the sessions' opens, and every file whose last name goes is
+    /// kept a short while (stoa-meta `ops/unlink.rs`, strays). It stays for the wire
+    /// format.
     Unlink {
         parent: InodeId,
         name: Vec<u8>,

@@ -132,7 +132,7 @@ fn apply_one(kv: &mut impl KvWrite, session: SessionId, op: &BatchOp) -> Result<
             super::unlink::rmdir(kv, *parent, name, *at).map(drop)
         }
         BatchOp::Remove { parent, name, dir: false, at } => {
-            super::unlink::unlink(kv, *parent, name, false, *at).map(drop)
+            super::unlink::unlink(kv, *parent, name, *at).map(drop)
         }
         BatchOp::Rename { parent, name, new_parent, new_name, at } => {
             let from = Place { parent: *parent, name };

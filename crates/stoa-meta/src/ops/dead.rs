@@ -125,6 +125,7 @@ mod tests {
         fs.unlink(ROOT, "collected", false).unwrap();
         fs.call(MetaOp::Open { ino: orphan }).unwrap();
         fs.unlink(ROOT, "orphan", false).unwrap();
+        fs.purge_strays();
         // Both deleted files are garbage until the leader has deleted their chunks.
         assert_eq!(dead(&mut fs, &all), vec![]);
         apply(&mut fs.kv, &Command::GarbageCollected { ino: collected }).unwrap();

@@ -66,7 +66,7 @@ pub(crate) fn mutate(
             };
             create::symlink(kv, *parent, name, target, new, now)
         }
-        MetaOp::Unlink { parent, name, open } => unlink::unlink(kv, *parent, name, *open, now),
+        MetaOp::Unlink { parent, name, .. } => unlink::unlink(kv, *parent, name, now),
         MetaOp::Rmdir { parent, name } => unlink::rmdir(kv, *parent, name, now),
         MetaOp::Purge { ino } => unlink::purge(kv, *ino),
         MetaOp::Rename { parent, name, new_parent, new_name, flags } => {

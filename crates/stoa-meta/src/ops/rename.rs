@@ -64,7 +64,7 @@ pub(crate) fn rename(
                 remove_empty_dir(kv, dst)?;
                 to_subdirs -= 1;
             }
-            (false, false) => drop_link(kv, dst.ino, false, now)?,
+            (false, false) => drop_link(kv, dst.ino, now)?,
         }
     }
     delete_dentry(kv, from.parent, from.name)?;
@@ -211,6 +211,7 @@ mod tests {
         let f2 = fs.lookup(ROOT, "f2").unwrap();
         fs.rename((ROOT, "f1"), (ROOT, "f2"), 0).unwrap();
         assert_eq!(fs.lookup(ROOT, "f2").unwrap().ino, f1.ino);
+        fs.purge_strays();
         assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(f2.ino, 0)]);
         assert_eq!(fs.names(ROOT), vec!["empty", "f2", "full"]);
     }

@@ -3,9 +3,17 @@
 //! leader to delete.
 //!
 //! ```text
-//!  unlink -> nlink 0 --open--> orphans --Purge--> garbage --GarbageCollected--> gone
-//!                    \--------- not open ---------/
+//!  unlink, rename over -> nlink 0 --open--> orphan --last release--> garbage --GarbageCollected--> gone
+//!                                \--------> stray --PurgeStrays----/
 //! ```
+//!
+//! A stray is a file whose last name went while nobody had it open. It is kept a short
+//! while (`stoa-metad` `leader.rs`, `STRAY_GRACE`) because another client's kernel may
+//! have resolved the name to this inode just before and be about to open it: an open by
+//! inode of a file gone for good can only fail with ESTALE, which reached processes that
+//! re-created a name two mounts removed in turn (caps.md invariant 26). Kept, it opens
+//! like any orphan, the open ordered before the unlink as on a local disk; the leader
+//! purges it once the grace is over unless someone has it open by then.
 
 use super::{touch_dir, valid_name};
 use crate::kv::{KvWrite, Table};
@@ -20,7 +28,6 @@ pub(crate) fn unlink(
     kv: &mut impl KvWrite,
     parent: InodeId,
     name: &[u8],
-    open: bool,
     now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
     load_dir(kv, parent)?;
@@ -30,7 +37,7 @@ pub(crate) fn unlink(
         return Err(FsError::IsDir);
     }
     delete_dentry(kv, parent, name)?;
-    drop_link(kv, dentry.ino, open, now)?;
+    drop_link(kv, dentry.ino, now)?;
     touch_dir(kv, parent, 0, now)?;
     Ok(MetaResponse::Done)
 }
@@ -63,26 +70,24 @@ pub(crate) fn remove_empty_dir(kv: &mut impl KvWrite, dentry: Dentry) -> Result<
     release(kv, &rec)
 }
 
-/// Takes one link from `ino`. When none is left, the inode becomes an orphan if any
-/// session has it open (or the caller says it has, `open`, as clients that do not
-/// report their opens do), and is released otherwise.
+/// Takes one link from `ino`. When none is left, the inode becomes an orphan, and a
+/// stray too unless a session has it open (see the module comment).
 pub(crate) fn drop_link(
     kv: &mut impl KvWrite,
     ino: InodeId,
-    open: bool,
     now: Timestamp,
 ) -> Result<(), FsError> {
     let mut rec = load_inode(kv, ino)?;
     rec.attr.nlink = rec.attr.nlink.saturating_sub(1);
     rec.attr.ctime = now;
-    if rec.attr.nlink > 0 || open || super::session::is_open_anywhere(kv, ino)? {
-        save_inode(kv, &mut rec)?;
-        if rec.attr.nlink == 0 {
-            store::put(kv, Table::Orphans, &ino_key(ino), &())?;
+    save_inode(kv, &mut rec)?;
+    if rec.attr.nlink == 0 {
+        store::put(kv, Table::Orphans, &ino_key(ino), &())?;
+        if !super::session::is_open_anywhere(kv, ino)? {
+            store::put(kv, Table::Strays, &ino_key(ino), &now)?;
         }
-        return Ok(());
     }
-    release(kv, &rec)
+    Ok(())
 }
 
 /// Deletes an inode that has no names and no openers. A regular file's size moves to the
@@ -91,6 +96,7 @@ fn release(kv: &mut impl KvWrite, rec: &InodeRec) -> Result<(), FsError> {
     let key = ino_key(rec.attr.ino);
     kv.delete(Table::Inodes, &key)?;
     kv.delete(Table::Orphans, &key)?;
+    kv.delete(Table::Strays, &key)?;
     kv.delete(Table::Symlinks, &key)?;
     delete_prefix(kv, Table::Xattrs, &key)?;
     super::locks::release_inode(kv, rec.attr.ino)?;
@@ -100,10 +106,12 @@ fn release(kv: &mut impl KvWrite, rec: &InodeRec) -> Result<(), FsError> {
     count_files(kv, -1)
 }
 
-/// The last opener of an orphan closed it: release it. An orphan that some session
-/// still has open stays, whoever asks; anything else is left alone, so a repeated or
-/// late purge is harmless.
+/// The last opener of an orphan closed it, or a stray's grace is over: release it. An
+/// orphan that some session still has open stays (no longer a stray: its last release
+/// purges it), whoever asks; anything else is left alone, so a repeated or late purge
+/// is harmless.
 pub(crate) fn purge(kv: &mut impl KvWrite, ino: InodeId) -> Result<MetaResponse, FsError> {
+    kv.delete(Table::Strays, &ino_key(ino))?;
     if kv.get(Table::Orphans, &ino_key(ino))?.is_none()
         || super::session::is_open_anywhere(kv, ino)?
     {
@@ -126,7 +134,7 @@ pub(crate) fn collected(kv: &mut impl KvWrite, ino: InodeId) -> Result<MetaRespo
 #[cfg(test)]
 mod tests {
     use crate::kv::{KvRead, Table};
-    use crate::testing::{Fs, ROOT};
+    use crate::testing::{at, Fs, ROOT};
     use crate::{apply, file_count, garbage, Command};
     use stoa_proto::MetaOp;
     use stoa_types::{FsError, InodeId};
@@ -150,6 +158,10 @@ mod tests {
         let files = file_count(&fs.kv).unwrap();
         fs.unlink(ROOT, "a", false).unwrap();
         assert_eq!(fs.lookup(ROOT, "a"), Err(FsError::NotFound));
+        // A stray until the leader purges it.
+        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        fs.purge_strays();
         assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
         assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 9000)]);
         assert_eq!(file_count(&fs.kv).unwrap(), files - 1);
@@ -183,6 +195,32 @@ mod tests {
         assert!(fs.getattr(b.ino).is_ok());
     }
 
+    /// Another mount's kernel may open a file by inode right after it resolved a name
+    /// this unlink (or rename over it) removes, which must not fail with ESTALE.
+    #[test]
+    fn a_stray_can_be_opened_until_its_grace_is_over() {
+        let mut fs = Fs::new();
+        let (a, b) = (fs.create(ROOT, "a").unwrap(), fs.create(ROOT, "b").unwrap());
+        fs.unlink(ROOT, "a", false).unwrap();
+        let a_went = fs.now();
+        fs.create(ROOT, "c").unwrap();
+        fs.rename((ROOT, "c"), (ROOT, "b"), 0).unwrap();
+        // Each mutation of `Fs` is a second later than the one before.
+        assert_eq!(crate::strays(&fs.kv, at(a_went.secs - 1), 10).unwrap(), vec![]);
+        assert_eq!(crate::strays(&fs.kv, a_went, 10).unwrap(), vec![a.ino]);
+        assert_eq!(crate::strays(&fs.kv, fs.now(), 10).unwrap(), vec![a.ino, b.ino]);
+        // Opened in its grace, it stays past the purge until its last release.
+        fs.call(MetaOp::Open { ino: a.ino }).unwrap();
+        fs.purge_strays();
+        assert!(fs.kv.is_empty(Table::Strays));
+        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
+        assert_eq!(fs.getattr(b.ino), Err(FsError::NotFound));
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(b.ino, 0)]);
+        fs.call(MetaOp::Release { ino: a.ino }).unwrap();
+        assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
+        assert!(fs.kv.is_empty(Table::Orphans));
+    }
+
     #[test]
     fn a_file_with_more_links_survives_an_unlink() {
         let mut fs = Fs::new();
@@ -206,6 +244,7 @@ mod tests {
         assert_eq!(fs.rmdir(ROOT, "file"), Err(FsError::NotDir));
         assert_eq!(fs.rmdir(ROOT, "nothing"), Err(FsError::NotFound));
         fs.unlink(d.ino, "f", false).unwrap();
+        fs.purge_strays();
         assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
         fs.rmdir(ROOT, "d").unwrap();
         assert_eq!(fs.getattr(ROOT).unwrap().nlink, 2);

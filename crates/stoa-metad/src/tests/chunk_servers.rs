@@ -176,9 +176,18 @@ async fn the_chunks_of_a_deleted_file_are_deleted_and_the_garbage_entry_dropped(
     client.call(unlink).await.unwrap();
 
     let server = cluster.server(0);
+    // Kept a while as a stray (stoa-meta `ops/unlink.rs`), then garbage, then gone.
     eventually(10, "the garbage entry is dropped", || async {
-        let left = server.node.raft.read(|kv| stoa_meta::garbage(kv, 10)).await.unwrap();
-        left.is_empty()
+        let (gone, left) = server
+            .node
+            .raft
+            .read(move |kv| {
+                let gone = stoa_meta::read(kv, &MetaOp::GetAttr { ino }).is_err();
+                Ok((gone, stoa_meta::garbage(kv, 10)?))
+            })
+            .await
+            .unwrap();
+        gone && left.is_empty()
     })
     .await;
     let mut truncated = fake.truncated.lock().unwrap().clone();
