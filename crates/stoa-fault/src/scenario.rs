@@ -77,11 +77,6 @@ impl Scenario {
                  after the heal, made in its new session or late (2 runs of 16 on \
                  2026-11-25; docs/FAULT_TESTS.md)",
             ),
-            Scenario::DiskFull => Some(
-                "register reads go back around the moment the disk fills (CI, 2026-11-25, \
-                 after 10 clean local runs; causes fixed: a failed write's bytes in the page \
-                 cache, writes visible before they were ordered)",
-            ),
             _ => None,
         }
     }
