@@ -77,6 +77,12 @@ impl Scenario {
                  after the heal, made in its new session or late (2 runs of 16 on \
                  2026-11-25; docs/FAULT_TESTS.md)",
             ),
+            Scenario::DiskFull => Some(
+                "a write-behind that fails with ENOSPC at a full chain head was read on its \
+                 own mount first (--long --seed 42, 2026-11-25; causes fixed: a failed \
+                 write's bytes in the page cache, writes visible before they were ordered, \
+                 reads of a write not yet at the tail)",
+            ),
             _ => None,
         }
     }
