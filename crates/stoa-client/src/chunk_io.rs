@@ -36,6 +36,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// shared, a read stuck on a paused replica could miss the change twice: 3.1 s stalls in
 /// `stoa-fault --seed 15 --scenario chunk-pause`.)
 const CHAIN_CHECK_EVERY: Duration = Duration::from_millis(250);
+/// How long a mutation refused by a full chain head waits for meta to take that server
+/// out of the chain (it reports itself full) before the application sees ENOSPC: with
+/// room on other servers the write goes on, and ENOSPC means the cluster has none.
+const FULL_HEAD_WAIT: Duration = Duration::from_secs(3);
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
@@ -224,6 +228,13 @@ impl ChunkIo {
             let err = match result {
                 Ok(v) => return Ok(v),
                 Err(e) if is_transient(&e) => e,
+                Err(FsError::NoSpace) => {
+                    let moved = self.chain_moved(&table, chunk);
+                    match tokio::time::timeout(FULL_HEAD_WAIT, moved).await {
+                        Ok(moved) => moved,
+                        Err(_) => return Err(FsError::NoSpace),
+                    }
+                }
                 Err(e) => return Err(e),
             };
             if started.elapsed() + backoff > DEADLINE {

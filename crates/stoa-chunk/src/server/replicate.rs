@@ -85,6 +85,12 @@ impl Server {
             // The head applied nothing when it fails; a server further down is now
             // behind its predecessor (see `unsettle`).
             Err(e) if forwarded_here => return Err(self.behind(chunk, e)),
+            // A full head asks meta to take it out of its chains too: the writer waits
+            // for that and goes on at the new head, if any server has room.
+            Err(FsError::NoSpace) => {
+                self.report_full();
+                return Err(FsError::NoSpace);
+            }
             Err(e) => return Err(e),
         };
         let op = op.forwarded_at(version);
