@@ -371,6 +371,38 @@ async fn a_full_member_leaves_no_replica_serving_a_write_it_refused() {
     .await;
 }
 
+/// A full head refuses before anything is applied, and asks meta to take it out of its
+/// chains like a full successor, so that the writer goes on at the next head instead
+/// of failing with ENOSPC while other servers have room (`stoa-fault --long --seed 42`,
+/// disk-full: over a hundred register writes failed so, with three servers of four
+/// nearly empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_head_asks_to_leave_its_chains_and_applies_nothing() {
+    bounded(async {
+        let c = Cluster::start_with_reserves([u64::MAX / 4, 0, 0]).await;
+        let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
+        c.converge().await;
+        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
+        assert_eq!(err, FsError::NoSpace);
+        eventually("the full head reports to meta", || {
+            c.meta.state.lock().unwrap().full.contains(&c.node(0))
+        })
+        .await;
+        for i in [1, 2] {
+            assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), &b""[..], "replica {i}");
+        }
+        // Meta takes it out; the writer's retry goes on at the new head.
+        let shorter = c.meta.set_chain(&[c.node(1), c.node(2)], &[]);
+        c.converge().await;
+        c.call(1, &shorter, write, b"new").await.unwrap();
+        for i in [1, 2] {
+            assert_eq!(c.read(i, &shorter, chunk(0)).await.unwrap(), &b"new"[..], "replica {i}");
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_ranges_of_a_chunk_replicate_as_one_version() {
     bounded(async {
