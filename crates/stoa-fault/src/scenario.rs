@@ -78,10 +78,10 @@ impl Scenario {
                  2026-11-25; docs/FAULT_TESTS.md)",
             ),
             Scenario::DiskFull => Some(
-                "a write-behind that fails with ENOSPC at a full chain head was read on its \
-                 own mount first (--long --seed 42, 2026-11-25; causes fixed: a failed \
-                 write's bytes in the page cache, writes visible before they were ordered, \
-                 reads of a write not yet at the tail)",
+                "a register read goes back around the fill, 1 run in 6 (--seed 40, \
+                 2026-11-25; causes fixed: a failed write's bytes in the page cache, writes \
+                 visible before they were ordered, reads of a write not yet at the tail, \
+                 ENOSPC from a full head while other servers had room)",
             ),
             _ => None,
         }
