@@ -185,32 +185,32 @@ pub fn chain_table(kv: &impl KvRead) -> Result<ChainTable, FsError> {
 
 /// Up to `limit` deleted files whose chunks are still to be deleted, with their sizes.
 pub fn garbage(kv: &impl KvRead, limit: usize) -> Result<Vec<(InodeId, u64)>, FsError> {
-    let rows = kv.scan(Table::Garbage, &[], None, limit)?;
-    rows.iter()
-        .map(|(key, value)| {
-            let ino = key.as_slice().try_into().map(u64::from_be_bytes).map_err(|_| {
-                FsError::Io(format!("garbage key of {} bytes is not an inode number", key.len()))
-            })?;
-            Ok((InodeId(ino), store::decode(Table::Garbage, key, value)?))
-        })
-        .collect()
+    inode_rows(kv, Table::Garbage, limit)
 }
 
 /// Strays whose last name went at `before` or earlier (see `ops/unlink.rs`), at most
 /// `limit` of the table's first rows looked at.
 pub fn strays(kv: &impl KvRead, before: Timestamp, limit: usize) -> Result<Vec<InodeId>, FsError> {
-    let rows = kv.scan(Table::Strays, &[], None, limit)?;
-    let mut old = Vec::new();
-    for (key, value) in &rows {
-        let ino = key.as_slice().try_into().map(u64::from_be_bytes).map_err(|_| {
-            FsError::Io(format!("stray key of {} bytes is not an inode number", key.len()))
-        })?;
-        let since: Timestamp = store::decode(Table::Strays, key, value)?;
-        if since <= before {
-            old.push(InodeId(ino));
-        }
-    }
-    Ok(old)
+    let rows = inode_rows::<Timestamp>(kv, Table::Strays, limit)?;
+    Ok(rows.into_iter().filter(|(_, since)| *since <= before).map(|(ino, _)| ino).collect())
+}
+
+/// The first `limit` rows of a table keyed by inode number, decoded.
+fn inode_rows<T: serde::de::DeserializeOwned>(
+    kv: &impl KvRead,
+    table: Table,
+    limit: usize,
+) -> Result<Vec<(InodeId, T)>, FsError> {
+    let rows = kv.scan(table, &[], None, limit)?;
+    rows.iter()
+        .map(|(key, value)| {
+            let ino = key.as_slice().try_into().map(u64::from_be_bytes).map_err(|_| {
+                let table = table.name();
+                FsError::Io(format!("{table} key of {} bytes is not an inode number", key.len()))
+            })?;
+            Ok((InodeId(ino), store::decode(table, key, value)?))
+        })
+        .collect()
 }
 
 /// How many inodes exist, the root included.

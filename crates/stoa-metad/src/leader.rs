@@ -217,16 +217,27 @@ async fn rebuild_short_chains(
 /// Ends every session that has not renewed for a whole lease. Sessions are given one
 /// full lease from this leader's election, since renewals sent to earlier leaders were
 /// not replicated.
+/// Runs `round` every `period` while this replica leads; a failed round is logged and
+/// the next one tries again.
+async fn every<F, Fut>(period: Duration, what: &str, mut round: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), FsError>>,
+{
+    let mut ticker = tokio::time::interval(period);
+    loop {
+        ticker.tick().await;
+        if let Err(e) = round().await {
+            tracing::debug!("{what} round failed: {e}");
+        }
+    }
+}
+
 async fn expire_sessions(node: Arc<Node>) {
     let lease = node.raft.session_lease();
     tokio::time::sleep(lease).await;
-    let mut ticker = tokio::time::interval((lease / 8).max(Duration::from_millis(100)));
-    loop {
-        ticker.tick().await;
-        if let Err(e) = expire_once(&node, lease).await {
-            tracing::debug!("session expiry round failed: {e}");
-        }
-    }
+    let period = (lease / 8).max(Duration::from_millis(100));
+    every(period, "session expiry", || expire_once(&node, lease)).await
 }
 
 async fn expire_once(node: &Node, lease: Duration) -> Result<(), FsError> {
@@ -243,13 +254,7 @@ async fn expire_once(node: &Node, lease: Duration) -> Result<(), FsError> {
 }
 
 async fn collect_garbage(node: Arc<Node>) {
-    let mut ticker = tokio::time::interval(GC_PERIOD);
-    loop {
-        ticker.tick().await;
-        if let Err(e) = collect_once(&node).await {
-            tracing::debug!("garbage round failed: {e}");
-        }
-    }
+    every(GC_PERIOD, "garbage", || collect_once(&node)).await
 }
 
 async fn collect_once(node: &Node) -> Result<(), FsError> {
@@ -278,13 +283,7 @@ async fn collect_once(node: &Node) -> Result<(), FsError> {
 }
 
 async fn purge_strays(node: Arc<Node>) {
-    let mut ticker = tokio::time::interval(GC_PERIOD);
-    loop {
-        ticker.tick().await;
-        if let Err(e) = purge_strays_once(&node).await {
-            tracing::debug!("stray purge round failed: {e}");
-        }
-    }
+    every(GC_PERIOD, "stray purge", || purge_strays_once(&node)).await
 }
 
 async fn purge_strays_once(node: &Node) -> Result<(), FsError> {

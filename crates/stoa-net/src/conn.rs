@@ -96,7 +96,7 @@ impl Conn {
 
     /// Whether the connection has failed and can carry no more calls.
     pub fn is_dead(&self) -> bool {
-        self.shared.dead.load(Ordering::Acquire) || self.sender.is_failed()
+        self.shared.dead.load(Ordering::Acquire)
     }
 
     /// Sends `req` with `payload` and waits up to `timeout` for the reply.

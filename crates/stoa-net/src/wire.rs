@@ -78,8 +78,9 @@ const COPY_BYTES_MAX: usize = 16 * 1024;
 /// call. Writing from the sender saves waking the writer: on a 4 KiB read through the
 /// mount, that wake-up was one of the three thread switches the client made per call.
 ///
-/// Invariant: the socket is in `SendState::wr` only while the queue is empty; whoever
-/// takes it out (a sender writing now, or the writer task) is the only one writing, so
+/// Invariant: a sender writes only while the socket is in `SendState::wr` and the queue
+/// is empty, under the state's lock; the writer task writes only with the socket taken
+/// out of the state. A frame the socket took in part stays first in the queue, so
 /// frames never interleave.
 pub(crate) struct Sender {
     inner: Arc<SendShared>,
@@ -142,11 +143,6 @@ impl Sender {
             room: Notify::new(),
         });
         (Sender { inner: inner.clone() }, write_queued(inner))
-    }
-
-    /// Whether the connection has failed.
-    pub fn is_failed(&self) -> bool {
-        self.inner.lock().failed.is_some()
     }
 
     /// Sends `out`: written or queued when this returns. Waits while the queue is full

@@ -100,20 +100,8 @@ pub(crate) struct Server {
     orphans: Mutex<HashSet<ChunkId>>,
     /// Chunks and bytes each running resync still has to copy.
     backlog: Mutex<HashMap<ChainId, (u64, u64)>>,
-    /// Chunks whose last mutation here did not settle on the whole write path: applied
-    /// here but failed further down, or failed here but applied before us. Replicas of
-    /// such a chunk may differ, so this one serves no reads of it until a later
-    /// mutation (or a copy from an active member) settles it: a failed write must never
-    /// be seen by one read and gone for the next, and no read may go back to a version
-    /// older than one another replica served.
-    unsettled: Mutex<HashSet<ChunkId>>,
-    /// Chunks with a mutation applied here that the chain's last active member may not
-    /// have yet (one at a time per chunk: the ordering lock is held until the chain
-    /// answered). This replica serves no reads of them meanwhile: a read here could see
-    /// the new bytes and a later read at the tail the old ones, a read going back (CRAQ
-    /// sends such reads to the tail; the client tries the next replica). The tail never
-    /// refuses for this, so a healthy chain always has a replica that answers.
-    writing: Mutex<HashSet<ChunkId>>,
+    /// Chunks this replica serves no reads of, and why.
+    unserved: Mutex<Unserved>,
     /// When this server last told meta it is out of space.
     reported_full: Mutex<Option<std::time::Instant>>,
     tasks: Mutex<JoinSet<()>>,
@@ -153,8 +141,7 @@ impl Server {
             replicas: AtomicU64::new(0),
             orphans: Mutex::new(HashSet::new()),
             backlog: Mutex::new(HashMap::new()),
-            unsettled: Mutex::new(HashSet::new()),
-            writing: Mutex::new(HashSet::new()),
+            unserved: Mutex::new(Unserved::default()),
             reported_full: Mutex::new(None),
             tasks: Mutex::new(JoinSet::new()),
         }
@@ -229,12 +216,16 @@ impl Server {
         });
     }
 
+    fn unserved(&self) -> std::sync::MutexGuard<'_, Unserved> {
+        self.unserved.lock().expect("unserved lock poisoned")
+    }
+
     fn unsettle(&self, chunk: ChunkId) {
-        self.unsettled.lock().expect("unsettled lock poisoned").insert(chunk);
+        self.unserved().unsettled.insert(chunk);
     }
 
     fn settle(&self, chunk: ChunkId) {
-        self.unsettled.lock().expect("unsettled lock poisoned").remove(&chunk);
+        self.unserved().unsettled.remove(&chunk);
     }
 
     /// Whether this replica may answer a read of `chunk` with what it read: called after
@@ -242,22 +233,20 @@ impl Server {
     /// answered before the tail has them (`writing` is marked before the mutation is
     /// applied, and cleared only once the chain answered).
     fn check_settled(&self, chunk: ChunkId) -> Result<(), FsError> {
-        if self.unsettled.lock().expect("unsettled lock poisoned").contains(&chunk) {
-            return Err(FsError::Unavailable(format!(
-                "chunk {chunk} has a write not settled on its chain; read another replica"
-            )));
-        }
-        if self.writing.lock().expect("writing lock poisoned").contains(&chunk) {
-            return Err(FsError::Unavailable(format!(
-                "chunk {chunk} has a write not yet at the chain's tail; read another replica"
-            )));
-        }
-        Ok(())
+        let unserved = self.unserved();
+        let why = if unserved.unsettled.contains(&chunk) {
+            "a write not settled on its chain"
+        } else if unserved.writing.contains(&chunk) {
+            "a write not yet at the chain's tail"
+        } else {
+            return Ok(());
+        };
+        Err(FsError::Unavailable(format!("chunk {chunk} has {why}; read another replica")))
     }
 
     /// Marks `chunk` as written here ahead of the tail until the guard is dropped.
     fn writing(self: &Arc<Self>, chunk: ChunkId) -> Writing {
-        self.writing.lock().expect("writing lock poisoned").insert(chunk);
+        self.unserved().writing.insert(chunk);
         Writing { server: self.clone(), chunk }
     }
 
@@ -324,7 +313,6 @@ impl Server {
         let none = Bytes::new();
         match req.op {
             ChunkOp::Read { chunk, offset, len } => {
-                self.check_settled(chunk)?;
                 // Answered here on the reactor when nothing of it waits for the disk: a
                 // trip through the blocking pool costs two thread wake-ups, the larger
                 // part of a small read's time on this server.
@@ -332,9 +320,8 @@ impl Server {
                     Some(data) => Ok(data),
                     None => self.disk(move |e| e.read(chunk, offset, len)).await,
                 };
-                let data = self.checked(chunk, data)?;
                 self.check_settled(chunk)?;
-                Ok((ChunkResponse::Data, Bytes::from(data)))
+                Ok((ChunkResponse::Data, Bytes::from(self.checked(chunk, data)?)))
             }
             op @ (ChunkOp::Write { chunk, .. } | ChunkOp::WriteRanges { chunk, .. }) => {
                 let version = self.mutate(&chain, chunk, op, payload, req.deadline_ms).await?;
@@ -460,7 +447,26 @@ impl Server {
     }
 }
 
-/// A chunk's mark in `Server::writing`, removed when dropped.
+/// Chunks a replica serves no reads of.
+#[derive(Default)]
+struct Unserved {
+    /// Chunks whose last mutation here did not settle on the whole write path: applied
+    /// here but failed further down, or failed here but applied before us. Replicas of
+    /// such a chunk may differ, so this one serves no reads of it until a later
+    /// mutation (or a copy from an active member) settles it: a failed write must never
+    /// be seen by one read and gone for the next, and no read may go back to a version
+    /// older than one another replica served.
+    unsettled: HashSet<ChunkId>,
+    /// Chunks with a mutation applied here that the chain's last active member may not
+    /// have yet (one at a time per chunk: the ordering lock is held until the chain
+    /// answered). A read here could see the new bytes and a later read at the tail the
+    /// old ones, a read going back (CRAQ sends such reads to the tail; the client tries
+    /// the next replica). The tail never marks one, so a healthy chain always has a
+    /// replica that answers.
+    writing: HashSet<ChunkId>,
+}
+
+/// A chunk's mark in `Unserved::writing`, removed when dropped.
 struct Writing {
     server: Arc<Server>,
     chunk: ChunkId,
@@ -468,7 +474,7 @@ struct Writing {
 
 impl Drop for Writing {
     fn drop(&mut self) {
-        self.server.writing.lock().expect("writing lock poisoned").remove(&self.chunk);
+        self.server.unserved().writing.remove(&self.chunk);
     }
 }
 

@@ -658,17 +658,26 @@ async fn stopped_server() -> (SocketAddr, tokio::sync::oneshot::Receiver<()>) {
     (addr, rx)
 }
 
+impl Cluster {
+    /// Sets the chain to servers 0 and 1 and then a [`stopped_server`] as its tail; the
+    /// receiver fires when a request reached the tail.
+    async fn chain_with_stopped_tail(&self) -> (Chain, tokio::sync::oneshot::Receiver<()>) {
+        let (addr, arrived) = stopped_server().await;
+        let stopped = NodeId(99);
+        self.meta.state.lock().unwrap().table.nodes.push(ChunkNode { id: stopped, addr });
+        let chain = self.meta.set_chain(&[self.node(0), self.node(1), stopped], &[]);
+        self.converge().await;
+        (chain, arrived)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stuck_on_a_stopped_successor_ends_when_the_chain_moves_on() {
     bounded(async {
         let c = Cluster::start().await;
         // The chain's tail is stopped: the middle server's forward gets no answer while
         // it, and the head, hold the chunk's ordering lock.
-        let (addr, arrived) = stopped_server().await;
-        let stopped = NodeId(99);
-        c.meta.state.lock().unwrap().table.nodes.push(ChunkNode { id: stopped, addr });
-        let chain = c.meta.set_chain(&[c.node(0), c.node(1), stopped], &[]);
-        c.converge().await;
+        let (chain, arrived) = c.chain_with_stopped_tail().await;
         let op = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
         let stuck = c.call(0, &chain, op, b"first");
         let moved = async {
@@ -702,11 +711,7 @@ async fn a_write_not_yet_at_the_tail_is_read_from_no_replica() {
         c.write(&short, chunk(0), 0, b"old").await;
         // The tail stops answering: the next write is applied at the head and the middle
         // and waits there for the tail.
-        let (addr, arrived) = stopped_server().await;
-        let stopped = NodeId(99);
-        c.meta.state.lock().unwrap().table.nodes.push(ChunkNode { id: stopped, addr });
-        let chain = c.meta.set_chain(&[c.node(0), c.node(1), stopped], &[]);
-        c.converge().await;
+        let (chain, arrived) = c.chain_with_stopped_tail().await;
         let op = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
         let stuck = c.call(0, &chain, op, b"new");
         let reads = async {
