@@ -19,7 +19,7 @@ use crate::store::{self, counter, set_counter, Counter};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 use stoa_proto::{BatchOp, MetaResponse};
-use stoa_types::{FileKind, FsError, InodeId, SessionId};
+use stoa_types::{FileKind, FsError, InodeId, SessionId, Timestamp};
 
 /// The most inode numbers one reservation hands out.
 pub const INODE_RESERVATION_MAX: u32 = 1 << 16;
@@ -84,11 +84,13 @@ pub(crate) fn forget(kv: &mut impl KvWrite, session: SessionId) -> Result<(), Fs
 }
 
 /// Applies `ops` of `session` in order, each alone: one that fails changes nothing and
-/// the others still apply.
+/// the others still apply. Changes carry the instant the client made them; a release
+/// happens at `now`, when meta applies the batch.
 pub(crate) fn batch(
     kv: &mut impl KvWrite,
     session: SessionId,
     ops: &[BatchOp],
+    now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
     if ops.len() > BATCH_OPS_MAX {
         return Err(FsError::Invalid(format!(
@@ -99,13 +101,18 @@ pub(crate) fn batch(
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         let result =
-            crate::atomic(kv, |kv| apply_one(kv, session, op).map(|()| MetaResponse::Done));
+            crate::atomic(kv, |kv| apply_one(kv, session, op, now).map(|()| MetaResponse::Done));
         results.push(result.map(drop));
     }
     Ok(MetaResponse::Batch(results))
 }
 
-fn apply_one(kv: &mut impl KvWrite, session: SessionId, op: &BatchOp) -> Result<(), FsError> {
+fn apply_one(
+    kv: &mut impl KvWrite,
+    session: SessionId,
+    op: &BatchOp,
+    now: Timestamp,
+) -> Result<(), FsError> {
     match op {
         BatchOp::Create { ino, parent, name, kind, perm, uid, gid, rdev, target, open, at } => {
             take_reserved(kv, session, *ino)?;
@@ -139,7 +146,7 @@ fn apply_one(kv: &mut impl KvWrite, session: SessionId, op: &BatchOp) -> Result<
             let to = Place { parent: *new_parent, name: new_name };
             super::rename::rename(kv, from, to, 0, *at).map(drop)
         }
-        BatchOp::Release { ino } => super::session::release(kv, session, *ino).map(drop),
+        BatchOp::Release { ino } => super::session::release(kv, session, *ino, now).map(drop),
         BatchOp::Open { ino } => super::session::open_file(kv, session, *ino).map(drop),
     }
 }
@@ -284,6 +291,8 @@ mod tests {
         assert_eq!(run(&mut fs, vec![opened, remove]), vec![Ok(()), Ok(())]);
         assert_eq!(fs.getattr(first).unwrap().nlink, 0, "kept while open");
         assert_eq!(run(&mut fs, vec![BatchOp::Release { ino: first }]), vec![Ok(())]);
+        assert_eq!(crate::strays(&fs.kv, fs.now(), 10).unwrap(), vec![first], "then a stray");
+        fs.purge_strays();
         assert_eq!(fs.getattr(first), Err(FsError::NotFound));
         let x = Place { parent: ROOT, name: b"x" };
         let dir_open = node(InodeId(first.0 + 1), x, FileKind::Dir, true, at);
@@ -299,6 +308,7 @@ mod tests {
         assert_eq!(run(&mut fs, ops), vec![Ok(()), Ok(()), Ok(()), Err(FsError::NotFound)]);
         assert_eq!(fs.getattr(g).unwrap().nlink, 0, "kept while open");
         assert_eq!(run(&mut fs, vec![BatchOp::Release { ino: g }]), vec![Ok(())]);
+        fs.purge_strays();
         assert_eq!(fs.getattr(g), Err(FsError::NotFound));
         for count in [0, INODE_RESERVATION_MAX + 1] {
             assert!(matches!(fs.call(MetaOp::AllocInodes { count }), Err(FsError::Invalid(_))));

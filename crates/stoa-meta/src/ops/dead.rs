@@ -133,6 +133,7 @@ mod tests {
         // An orphan is alive while open and dead once its last opener let go and its
         // garbage was collected.
         fs.call(MetaOp::Release { ino: orphan }).unwrap();
+        fs.purge_strays();
         assert_eq!(dead(&mut fs, &all), vec![collected]);
         apply(&mut fs.kv, &Command::GarbageCollected { ino: orphan }).unwrap();
         assert_eq!(dead(&mut fs, &all), vec![collected, orphan]);

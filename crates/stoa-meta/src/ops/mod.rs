@@ -33,7 +33,7 @@ pub(crate) fn mutate(
 ) -> Result<MetaResponse, FsError> {
     match op {
         MetaOp::Open { ino } => session::open_file(kv, session, *ino),
-        MetaOp::Release { ino } => session::release(kv, session, *ino),
+        MetaOp::Release { ino } => session::release(kv, session, *ino, now),
         MetaOp::SetAttr { ino, set } => setattr::setattr(kv, *ino, set, now),
         MetaOp::CommitWrite { ino, size } => setattr::commit_write(kv, *ino, *size, now),
         MetaOp::Create { parent, name, kind, perm, uid, gid, rdev } => {
@@ -84,7 +84,7 @@ pub(crate) fn mutate(
         MetaOp::OpenSession { client } => session::open(kv, client, now),
         MetaOp::SetLock { ino, lock } => locks::set(kv, *ino, lock),
         MetaOp::AllocInodes { count } => batch::alloc_inodes(kv, session, *count),
-        MetaOp::Batch { ops } => batch::batch(kv, session, ops),
+        MetaOp::Batch { ops } => batch::batch(kv, session, ops, now),
         MetaOp::RegisterChunkServer { node, cluster, addr, zone, capacity_bytes, used_bytes } => {
             let reg = chains::Registration {
                 node: *node,

@@ -73,7 +73,11 @@ pub(crate) fn end(kv: &mut impl KvWrite, session: SessionId) -> Result<MetaRespo
     loop {
         let rows = kv.scan(Table::Opens, &prefix, end.as_deref(), PAGE)?;
         for (key, _) in &rows {
-            release(kv, session, ino_from(&key[8..])?)?;
+            // The session is gone, and with it whatever it was about to open.
+            let ino = ino_from(&key[8..])?;
+            if close(kv, session, ino)? {
+                super::unlink::purge(kv, ino)?;
+            }
         }
         if rows.len() < PAGE {
             break;
@@ -121,19 +125,28 @@ pub(crate) fn open_file(
     Ok(MetaResponse::Done)
 }
 
-/// `session` closed `ino`. If the file has no names left and nobody else has it open,
-/// it is deleted now. Releasing what is not open is harmless, so a retry succeeds.
+/// `session` closed `ino` at `now`. If the file has no names left and nobody else has it
+/// open, it becomes a stray, deleted once its grace is over: a kernel may have resolved
+/// one of its names before the unlink and be about to open it. Releasing what is not
+/// open is harmless, so a retry succeeds.
 pub(crate) fn release(
     kv: &mut impl KvWrite,
     session: SessionId,
     ino: InodeId,
+    now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
-    kv.delete(Table::Opens, &pair_key(session.0, ino.0))?;
-    kv.delete(Table::Openers, &pair_key(ino.0, session.0))?;
-    if kv.get(Table::Orphans, &ino_key(ino))?.is_some() && !is_open_anywhere(kv, ino)? {
-        super::unlink::purge(kv, ino)?;
+    if close(kv, session, ino)? {
+        super::unlink::stray(kv, ino, now)?;
     }
     Ok(MetaResponse::Done)
+}
+
+/// Forgets that `session` has `ino` open; returns whether that leaves an orphan nobody
+/// has open.
+fn close(kv: &mut impl KvWrite, session: SessionId, ino: InodeId) -> Result<bool, FsError> {
+    kv.delete(Table::Opens, &pair_key(session.0, ino.0))?;
+    kv.delete(Table::Openers, &pair_key(ino.0, session.0))?;
+    Ok(kv.get(Table::Orphans, &ino_key(ino))?.is_some() && !is_open_anywhere(kv, ino)?)
 }
 
 /// Whether any session has `ino` open.
@@ -180,7 +193,7 @@ pub(crate) fn remember(
 mod tests {
     use super::{DEDUP_WINDOW, LEASE_MS};
     use crate::kv::{KvRead, Table};
-    use crate::testing::{create_op, Fs, CLUSTER, ROOT};
+    use crate::testing::{at, create_op, Fs, CLUSTER, ROOT};
     use crate::{apply, Command};
     use crate::{garbage, sessions};
     use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant};
@@ -218,6 +231,16 @@ mod tests {
         assert!(fs.getattr(a.ino).is_ok());
         assert!(garbage(&fs.kv, 10).unwrap().is_empty());
         as_session(&mut fs, other, |fs| fs.call(MetaOp::Release { ino: a.ino })).unwrap();
+        // Closed everywhere, it is a stray: a kernel that resolved its name before the
+        // unlink may still open it until the grace is over.
+        let closed = fs.now();
+        assert_eq!(crate::strays(&fs.kv, at(closed.secs - 1), 10).unwrap(), vec![]);
+        assert_eq!(crate::strays(&fs.kv, closed, 10).unwrap(), vec![a.ino]);
+        fs.call(MetaOp::Open { ino: a.ino }).unwrap();
+        fs.purge_strays();
+        assert!(fs.getattr(a.ino).is_ok(), "opened in its grace");
+        fs.call(MetaOp::Release { ino: a.ino }).unwrap();
+        fs.purge_strays();
         assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
         assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 0)]);
         assert!(fs.kv.is_empty(Table::Opens) && fs.kv.is_empty(Table::Openers));
@@ -237,6 +260,7 @@ mod tests {
         assert_eq!(fs.getattr(c.ino).unwrap().nlink, 0);
         assert!(garbage(&fs.kv, 10).unwrap().is_empty());
         fs.call(MetaOp::Release { ino: c.ino }).unwrap();
+        fs.purge_strays();
         assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(c.ino, 0)]);
         // An existing name is refused and opens nothing.
         fs.create(ROOT, "d").unwrap();
@@ -256,6 +280,8 @@ mod tests {
         assert_eq!(fs.getattr(victim.ino).unwrap().nlink, 0);
         assert!(garbage(&fs.kv, 10).unwrap().is_empty());
         fs.call(MetaOp::Release { ino: victim.ino }).unwrap();
+        assert!(garbage(&fs.kv, 10).unwrap().is_empty(), "a stray first");
+        fs.purge_strays();
         assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(victim.ino, 0)]);
     }
 

@@ -3,17 +3,20 @@
 //! leader to delete.
 //!
 //! ```text
-//!  unlink, rename over -> nlink 0 --open--> orphan --last release--> garbage --GarbageCollected--> gone
-//!                                \--------> stray --PurgeStrays----/
+//!  unlink, rename over -> nlink 0 --open--> orphan --last release--\
+//!                            \                                      v
+//!                             \-------------------------------> stray --PurgeStrays--> garbage --> gone
 //! ```
 //!
-//! A stray is a file whose last name went while nobody had it open. It is kept a short
-//! while (`stoa-metad` `leader.rs`, `STRAY_GRACE`) because another client's kernel may
-//! have resolved the name to this inode just before and be about to open it: an open by
+//! A stray is a file with no names that nobody has open: its last name went while
+//! nobody had it open, or its last opener closed it later. It is kept a short while
+//! (`stoa-metad` `leader.rs`, `STRAY_GRACE`) because another client's kernel may have
+//! resolved the name to this inode just before and be about to open it: an open by
 //! inode of a file gone for good can only fail with ESTALE, which reached processes that
 //! re-created a name two mounts removed in turn (caps.md invariant 26). Kept, it opens
 //! like any orphan, the open ordered before the unlink as on a local disk; the leader
-//! purges it once the grace is over unless someone has it open by then.
+//! purges it once the grace is over unless someone has it open by then. A session that
+//! ends (closed or expired) purges its orphans at once.
 
 use super::{touch_dir, valid_name};
 use crate::kv::{KvWrite, Table};
@@ -84,10 +87,15 @@ pub(crate) fn drop_link(
     if rec.attr.nlink == 0 {
         store::put(kv, Table::Orphans, &ino_key(ino), &())?;
         if !super::session::is_open_anywhere(kv, ino)? {
-            store::put(kv, Table::Strays, &ino_key(ino), &now)?;
+            stray(kv, ino, now)?;
         }
     }
     Ok(())
+}
+
+/// Makes `ino`, an orphan nobody has open since `now`, a stray.
+pub(crate) fn stray(kv: &mut impl KvWrite, ino: InodeId, now: Timestamp) -> Result<(), FsError> {
+    store::put(kv, Table::Strays, &ino_key(ino), &now)
 }
 
 /// Deletes an inode that has no names and no openers. A regular file's size moves to the
@@ -217,6 +225,7 @@ mod tests {
         assert_eq!(fs.getattr(b.ino), Err(FsError::NotFound));
         assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(b.ino, 0)]);
         fs.call(MetaOp::Release { ino: a.ino }).unwrap();
+        fs.purge_strays();
         assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
         assert!(fs.kv.is_empty(Table::Orphans));
     }
