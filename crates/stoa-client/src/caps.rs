@@ -8,7 +8,8 @@
 //!
 //!  events task: CapEvents (long poll, carries held caps) --> Recall{ino, seq}
 //!     --> gate (alone): drop the cap, flush write-behind, drop readahead and size
-//!     --> kernel: inval_entry for every name given out, inval_inode (pages, attrs),
+//!     --> kernel: every cached name expired (or inval_entry for each name given out on
+//!         kernels before 6.16), inval_inode (pages, attrs),
 //!         again while uncapped reads or writes ran meanwhile (they hold kernel pages)
 //!     --> CapsReleased{ino, seq}
 //! ```
@@ -59,8 +60,13 @@ const BUSY_DIRS_SWEEP: usize = 1024;
 pub trait KernelCache: Send + Sync {
     /// Drops the kernel's cached attributes and pages of `ino`.
     fn inval_inode(&self, ino: InodeId);
-    /// Drops the kernel's cached entry `name` in directory `parent`.
+    /// Drops the kernel's cached entry `name` in directory `parent`. The kernel does it
+    /// under the directory's lock, so this waits for the operations in that directory.
     fn inval_entry(&self, parent: InodeId, name: &[u8]);
+    /// Makes every name the kernel cached stale at once, waiting for no directory: the
+    /// kernel asks again on its next use of each. False when the kernel cannot (older
+    /// than Linux 6.16); then names are dropped one by one with [`Self::inval_entry`].
+    fn expire_all_names(&self) -> bool;
 }
 
 /// One cap this client holds.
@@ -977,19 +983,28 @@ fn drop_file_caches(sh: &Shared, dropped: &[(InodeId, Held)]) {
 /// Tells the kernel to forget the inodes and the names given out under `dropped`.
 async fn invalidate_kernel(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
     let Some(kernel) = sh.caps.kernel() else { return };
-    let task = tokio::task::spawn_blocking(move || {
-        for (ino, held) in dropped {
-            // Names handed out with no TTL are not cached: the kernel asks again.
-            if held.kernel_names {
-                for name in held.names.keys() {
-                    kernel.inval_entry(ino, name);
-                }
-            }
-            kernel.inval_inode(ino);
-        }
-    });
+    let task = tokio::task::spawn_blocking(move || drop_from_kernel(&*kernel, dropped));
     if let Err(e) = task.await {
         tracing::warn!("kernel cache invalidation task: {e}");
+    }
+}
+
+/// Makes the kernel forget the names and inodes cached under `dropped`. The names go all
+/// at once where the kernel can, which waits for no directory lock: dropping them one by
+/// one waits for the operations in flight in each directory, which may be this client's
+/// own changes waiting at meta for the other session, whose change waits for this
+/// recall (invariant 24).
+fn drop_from_kernel(kernel: &dyn KernelCache, dropped: Vec<(InodeId, Held)>) {
+    // Names handed out with no TTL are not cached: the kernel asks again.
+    let names = dropped.iter().any(|(_, held)| held.kernel_names && !held.names.is_empty());
+    let one_by_one = names && !kernel.expire_all_names();
+    for (ino, held) in dropped {
+        if one_by_one && held.kernel_names {
+            for name in held.names.keys() {
+                kernel.inval_entry(ino, name);
+            }
+        }
+        kernel.inval_inode(ino);
     }
 }
 
@@ -1136,6 +1151,60 @@ mod tests {
         assert!(caps.begin_recall(CapRef { ino: InodeId(3), seq: cap_seq(1, 5) }).is_some());
         looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 7), cap_seq(1, 8));
         assert!(caps.ttl(InodeId(3)) > Duration::ZERO);
+    }
+
+    /// What a recall tells the kernel: every name expired at once where the kernel can
+    /// (no directory lock waited for), else each name given out with a TTL; the inode's
+    /// pages and attributes in both cases.
+    #[test]
+    fn a_recall_expires_the_kernels_names_at_once_where_it_can() {
+        #[derive(Default)]
+        struct Kernel {
+            can_expire: bool,
+            calls: Mutex<Vec<String>>,
+        }
+        impl KernelCache for Kernel {
+            fn inval_inode(&self, ino: InodeId) {
+                self.calls.lock().unwrap().push(format!("inode {ino}"));
+            }
+            fn inval_entry(&self, parent: InodeId, name: &[u8]) {
+                let name = String::from_utf8_lossy(name);
+                self.calls.lock().unwrap().push(format!("entry {parent}/{name}"));
+            }
+            fn expire_all_names(&self) -> bool {
+                self.calls.lock().unwrap().push("all names".into());
+                self.can_expire
+            }
+        }
+        let recalled = || {
+            let caps = Caps::new(16);
+            caps.renewed(Instant::now(), Duration::from_secs(10));
+            looked_up(&caps, b"n0", InodeId(2), cap_seq(1, 1), cap_seq(1, 2));
+            assert!(caps.ttl(DIR) > Duration::ZERO, "n0 goes to the kernel with a TTL");
+            let dir = caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 2) }).unwrap();
+            let file = caps.begin_recall(CapRef { ino: InodeId(2), seq: cap_seq(1, 1) }).unwrap();
+            vec![(DIR, dir), (InodeId(2), file)]
+        };
+        for (can_expire, expected) in [
+            (true, vec!["all names".to_string(), format!("inode {DIR}"), "inode 2".into()]),
+            (
+                false,
+                vec![
+                    "all names".to_string(),
+                    format!("entry {DIR}/n0"),
+                    format!("inode {DIR}"),
+                    "inode 2".into(),
+                ],
+            ),
+        ] {
+            let kernel = Kernel { can_expire, ..Kernel::default() };
+            drop_from_kernel(&kernel, recalled());
+            assert_eq!(*kernel.calls.lock().unwrap(), expected, "expiring works: {can_expire}");
+        }
+        // A file's recall has no names to drop.
+        let kernel = Kernel { can_expire: true, ..Kernel::default() };
+        drop_from_kernel(&kernel, recalled().split_off(1));
+        assert_eq!(*kernel.calls.lock().unwrap(), vec!["inode 2".to_string()]);
     }
 
     /// Names this client removed or renamed away itself must not come back from its

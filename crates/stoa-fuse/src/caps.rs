@@ -5,16 +5,72 @@
 use crate::fs::{fail, Kernel};
 use fuser::{FileHandle, INodeNo, ReplyWrite};
 use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use stoa_client::{Client, InodeId, KernelCache};
+
+/// `FUSE_NOTIFY_INC_EPOCH` (protocol 7.44, Linux 6.16): every dentry the kernel cached
+/// before it is revalidated on its next use. fuser does not send it, so it is written to
+/// the FUSE device here: a bare `fuse_out_header` whose `unique` is 0 and whose `error`
+/// is the notification code.
+const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
 
 /// The mount's FUSE notifier, as the client's [`KernelCache`]. Before the session exists
 /// there is nothing cached to drop.
-pub struct Notify(pub Kernel);
+pub struct Notify {
+    kernel: Kernel,
+    /// The FUSE device (a duplicate of the session's descriptor), for notifications
+    /// fuser does not send.
+    dev: OwnedFd,
+    /// Cleared when the kernel refused `FUSE_NOTIFY_INC_EPOCH`.
+    epochs: AtomicBool,
+}
+
+impl Notify {
+    pub fn new(kernel: Kernel, dev: OwnedFd) -> Notify {
+        Notify { kernel, dev, epochs: AtomicBool::new(true) }
+    }
+
+    fn inc_epoch(&self) -> std::io::Result<()> {
+        const LEN: usize = 16;
+        let mut header = [0u8; LEN];
+        header[0..4].copy_from_slice(&(LEN as u32).to_ne_bytes());
+        header[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+        // SAFETY: writes `header.len()` bytes from a live buffer to a descriptor we own.
+        let n = unsafe { libc::write(self.dev.as_raw_fd(), header.as_ptr().cast(), LEN) };
+        match n {
+            n if n == LEN as isize => Ok(()),
+            n if n < 0 => Err(std::io::Error::last_os_error()),
+            n => Err(std::io::Error::other(format!("the FUSE device took {n} of 16 bytes"))),
+        }
+    }
+}
 
 impl KernelCache for Notify {
+    fn expire_all_names(&self) -> bool {
+        if !self.epochs.load(Ordering::Relaxed) {
+            return false;
+        }
+        match self.inc_epoch() {
+            Ok(()) => true,
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    tracing::info!(
+                        "the kernel cannot expire all names at once (before Linux 6.16): \
+                         names are dropped one at a time"
+                    );
+                    self.epochs.store(false, Ordering::Relaxed);
+                } else {
+                    tracing::debug!("expiring the kernel's names: {e}");
+                }
+                false
+            }
+        }
+    }
+
     fn inval_inode(&self, ino: InodeId) {
-        if let Some(kernel) = self.0.get() {
+        if let Some(kernel) = self.kernel.get() {
             // Offset 0 and length 0: every page, and the attributes.
             if let Err(e) = kernel.inval_inode(INodeNo(ino.0), 0, 0) {
                 // ENOENT: the kernel has no node for it, so nothing cached either.
@@ -24,7 +80,7 @@ impl KernelCache for Notify {
     }
 
     fn inval_entry(&self, parent: InodeId, name: &[u8]) {
-        if let Some(kernel) = self.0.get() {
+        if let Some(kernel) = self.kernel.get() {
             if let Err(e) = kernel.inval_entry(INodeNo(parent.0), OsStr::from_bytes(name)) {
                 tracing::debug!("invalidating entry {parent}/{:?}: {e}", OsStr::from_bytes(name));
             }

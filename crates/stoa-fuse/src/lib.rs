@@ -72,7 +72,10 @@ pub async fn mount(
         .map_err(|source| FuseError::Mount { path: path.clone(), source })?;
     tracing::info!("mounted Stoa at {}", path.display());
     let _ = kernel.set(session.notifier());
-    client.set_kernel_cache(std::sync::Arc::new(caps::Notify(kernel.clone())));
+    let dev = std::os::fd::AsFd::as_fd(&session)
+        .try_clone_to_owned()
+        .map_err(|source| FuseError::Mount { path: path.clone(), source })?;
+    client.set_kernel_cache(std::sync::Arc::new(caps::Notify::new(kernel.clone(), dev)));
     let unmounter = session.unmount_callable();
     let mut run = tokio::task::spawn_blocking(move || session.run());
     tokio::pin!(shutdown);
