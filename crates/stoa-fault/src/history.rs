@@ -3,6 +3,7 @@
 //! out, or failed with an error that does not prove it had no effect, like EIO) may have
 //! taken effect at any time after its invocation; the checker treats it so.
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -52,6 +53,10 @@ pub struct Record {
     pub invoke_ns: u64,
     pub complete_ns: u64,
     pub error: Option<String>,
+    /// For a write: when its open returned, so the file it wrote through was open from
+    /// then on (the fencing check tells a write through a handle of an expired session
+    /// from one whose open waited for the new session).
+    pub opened_ns: Option<u64>,
 }
 
 impl Record {
@@ -91,7 +96,7 @@ impl History {
         client: usize,
         key: &str,
         call: Call,
-        f: impl FnOnce(&Call) -> (Outcome, Result<Ret, String>),
+        f: impl FnOnce(&Call, &Opened) -> (Outcome, Result<Ret, String>),
     ) -> Option<Ret> {
         let invoke_ns = self.now_ns();
         let rec = Record {
@@ -103,18 +108,21 @@ impl History {
             invoke_ns,
             complete_ns: u64::MAX,
             error: Some("never completed".into()),
+            opened_ns: None,
         };
         let at = {
             let mut records = self.records.lock().expect("history lock poisoned");
             records.push(rec);
             records.len() - 1
         };
-        let (outcome, result) = f(&call);
+        let opened = Opened { history: self, at: Cell::new(None) };
+        let (outcome, result) = f(&call, &opened);
         let complete_ns = self.now_ns();
         let mut records = self.records.lock().expect("history lock poisoned");
         let rec = &mut records[at];
         rec.outcome = outcome;
         rec.complete_ns = complete_ns;
+        rec.opened_ns = opened.at.get();
         match result {
             Ok(r) => {
                 rec.ret = Some(r.clone());
@@ -130,5 +138,17 @@ impl History {
 
     pub fn records(&self) -> Vec<Record> {
         self.records.lock().expect("history lock poisoned").clone()
+    }
+}
+
+/// Where an operation notes that its open returned ([`Record::opened_ns`]).
+pub struct Opened<'a> {
+    history: &'a History,
+    at: Cell<Option<u64>>,
+}
+
+impl Opened<'_> {
+    pub fn now(&self) {
+        self.at.set(Some(self.history.now_ns()));
     }
 }

@@ -168,6 +168,10 @@ fn run_scenario(
     let mut found = Vec::new();
     if let Some(f) = &injected.fenced {
         found.extend(scenario::late_writes(&records, f, injected.end_ns));
+        let waited = scenario::writes_in_new_session(&records, f, injected.end_ns);
+        notes.push(format!(
+            "{waited} writes invoked while cut off opened their file only after the heal, in the new session"
+        ));
         let excused = scenario::excuse_unsynced_views(&mut records, f, injected.end_ns);
         notes.push(format!(
             "{excused} reads of the cut-off mount's own unsynced namespace changes not checked"
@@ -211,7 +215,7 @@ fn final_reads(history: &History, mounts: &[PathBuf], dir: &str) {
     for (m, mount) in mounts.iter().enumerate() {
         for k in 0..workload::REGISTERS {
             let path = workload::register_path(mount, dir, k);
-            history.record(base_client + m, &format!("reg/{dir}/{k}"), Call::Read, |_| {
+            history.record(base_client + m, &format!("reg/{dir}/{k}"), Call::Read, |_, _| {
                 match std::fs::read(&path) {
                     Ok(b) => (Outcome::Ok, Ok(workload::decode(&b))),
                     Err(e) => (Outcome::Ok, Ok(Ret::Garbage(format!("unreadable: {e}")))),
@@ -220,7 +224,7 @@ fn final_reads(history: &History, mounts: &[PathBuf], dir: &str) {
         }
         for d in 0..workload::DIRS {
             let base = mount.join(dir).join(format!("dir-{d}"));
-            history.record(base_client + m, &format!("dir/{dir}/{d}"), Call::List, |_| {
+            history.record(base_client + m, &format!("dir/{dir}/{d}"), Call::List, |_, _| {
                 match std::fs::read_dir(&base).and_then(|it| {
                     it.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<_>>>()
                 }) {

@@ -9,7 +9,7 @@
 //! - files: a writer that creates files of known content and fsyncs them; every file
 //!   whose fsync and close returned must be intact at the end.
 
-use crate::history::{Call, History, Outcome, Ret};
+use crate::history::{Call, History, Opened, Outcome, Ret};
 use crate::rng::Rng;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -192,9 +192,9 @@ impl Ctx {
                 counter += 1;
                 let v = ((self.client as u64 + 1) << 32) | counter;
                 self.history
-                    .record(self.client, &key, Call::Write(v), |_| write_register(&path, v));
+                    .record(self.client, &key, Call::Write(v), |_, o| write_register(&path, v, o));
             } else {
-                self.history.record(self.client, &key, Call::Read, |_| read_register(&path));
+                self.history.record(self.client, &key, Call::Read, |_, _| read_register(&path));
             }
             self.pause();
         }
@@ -213,7 +213,7 @@ impl Ctx {
                 7..=8 => Call::Stat(a),
                 _ => Call::List,
             };
-            self.history.record(self.client, &key, call, |c| namespace_op(&base, c));
+            self.history.record(self.client, &key, call, |c, _| namespace_op(&base, c));
             self.pause();
         }
     }
@@ -229,7 +229,7 @@ impl Ctx {
             let key = format!("file/{}/{n}", self.dir);
             let ret = self
                 .history
-                .record(self.client, &key, Call::Write(n), |_| write_file(&path, seed, len));
+                .record(self.client, &key, Call::Write(n), |_, o| write_file(&path, seed, len, o));
             if ret.is_some() {
                 acked.lock().expect("acked lock poisoned").push(AckedFile { rel, seed, len });
             }
@@ -238,9 +238,12 @@ impl Ctx {
     }
 }
 
-fn write_register(path: &Path, v: u64) -> (Outcome, Result<Ret, String>) {
+fn write_register(path: &Path, v: u64, opened: &Opened) -> (Outcome, Result<Ret, String>) {
     let f = match std::fs::OpenOptions::new().write(true).open(path) {
-        Ok(f) => f,
+        Ok(f) => {
+            opened.now();
+            f
+        }
         // Open changes nothing: the write was never sent.
         Err(e) => return (Outcome::Fail, Err(errno(&e))),
     };
@@ -309,8 +312,14 @@ fn list(base: &Path) -> std::io::Result<Ret> {
     Ok(Ret::Listing(mask))
 }
 
-fn write_file(path: &Path, seed: u64, len: usize) -> (Outcome, Result<Ret, String>) {
+fn write_file(
+    path: &Path,
+    seed: u64,
+    len: usize,
+    opened: &Opened,
+) -> (Outcome, Result<Ret, String>) {
     let result = std::fs::File::create(path).and_then(|mut f| {
+        opened.now();
         f.write_all(&pattern(seed, 0, len))?;
         f.sync_all()
     });

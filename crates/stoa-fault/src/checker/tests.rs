@@ -15,6 +15,7 @@ fn op(client: usize, call: Call, ret: Option<Ret>, t0: u64, t1: Option<u64>) -> 
         invoke_ns: t0 * 1_000_000,
         complete_ns: t1.map_or(u64::MAX, |t| t * 1_000_000),
         error: None,
+        opened_ns: None,
     }
 }
 
