@@ -249,7 +249,7 @@ impl Client {
         let handle = self.sh.handles.lock().expect("handles lock poisoned").remove(&fh.0);
         let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
         let file = handle.file.clone();
-        let flushed = file.flush(&self.sh, &handle.errors).await;
+        let flushed = file.close(&self.sh, &handle.errors).await;
         let last = {
             let mut meta_open = file.meta_open.lock().await;
             file.lock().opens -= 1;
@@ -393,10 +393,11 @@ impl Client {
         Ok(offset)
     }
 
-    /// Sends the buffered writes of the handle's file and waits for them.
+    /// Sends the buffered writes of the handle's file and waits until every server of
+    /// their chains applied them; the size commit follows in the background.
     pub async fn flush(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
-        let flushed = handle.file.flush(&self.sh, &handle.errors).await;
+        let flushed = handle.file.close(&self.sh, &handle.errors).await;
         let flushed = flushed.and_then(|()| self.check_session(&handle));
         self.forget_failed_writes(handle.file.ino, flushed).await
     }

@@ -9,9 +9,10 @@
 //!   commit loop: at most one CommitWrite(ino, furthest end) on meta in flight per file,
 //!   covering every chunk write that finished before it started
 //!
-//!  flush/fsync/close/truncate: push the buffer out, wait until nothing is queued, in
-//!  flight or uncommitted, report the first error; fsync then sends Sync for every chunk
-//!  written.
+//!  fsync/truncate/recall: push the buffer out, wait until nothing is queued, in flight
+//!  or uncommitted, report the first error; fsync then sends Sync for every chunk
+//!  written. close (FUSE flush): the same without waiting for the commit, which goes on
+//!  in the background (see `FileState::close`).
 //!  read: bytes still buffered, queued or in flight are laid over what the chunk servers
 //!  return, so a read never waits for the write-behind.
 //! ```
@@ -387,8 +388,14 @@ impl FileState {
         let mut inner = self.lock();
         inner.committing = false;
         self.settle(&mut inner);
+        let closed = inner.opens == 0;
         drop(inner);
         self.changed.notify_waiters();
+        // A close does not wait for the commit (see `close`): the state of a file closed
+        // meanwhile goes once the commit is done.
+        if closed {
+            sh.forget_if_unused(self.ino);
+        }
     }
 
     /// Sends everything buffered, waits for every write in flight, and reports a
@@ -406,6 +413,18 @@ impl FileState {
 
     /// Sends everything buffered and waits until nothing is queued or in flight.
     async fn drain(self: &Arc<Self>, sh: &Arc<Shared>) {
+        if self.send_all(sh) {
+            return;
+        }
+        // The commit that ends the drain waits for the namespace changes queued before
+        // it (often the file's own create, answered locally): have them sent now, while
+        // the chunk writes travel, instead of after them.
+        tokio::join!(sh.session.backlog.wait_all(), self.wait_until(|inner| inner.is_idle()));
+    }
+
+    /// Queues everything buffered and starts sending it; returns whether the file was
+    /// idle already.
+    fn send_all(self: &Arc<Self>, sh: &Arc<Shared>) -> bool {
         let idle = {
             let mut inner = self.lock();
             for extent in inner.buffer.take_all() {
@@ -413,14 +432,29 @@ impl FileState {
             }
             inner.is_idle()
         };
-        if idle {
-            return;
+        if !idle {
+            self.pump(sh);
         }
-        self.pump(sh);
-        // The commit that ends the drain waits for the namespace changes queued before
-        // it (often the file's own create, answered locally): have them sent now, while
-        // the chunk writes travel, instead of after them.
-        tokio::join!(sh.session.backlog.wait_all(), self.wait_until(|inner| inner.is_idle()));
+        idle
+    }
+
+    /// What a `close` waits for: every write buffered is applied on every server of its
+    /// chain (so a write error still reaches the close), and an error `seen` has not
+    /// reported is reported. The size commit that follows is not waited for. Nothing
+    /// is left to commit here unless the writes were made under an exclusive cap still
+    /// held (an uncapped write drains before it returns), and anyone else must recall
+    /// that cap first, which waits for the commit (caps.md invariant 5); `fsync`,
+    /// `syncfs` and the unmount wait for it too. So the commit, like a namespace change
+    /// made under a cap, reaches meta within milliseconds and before anyone can look.
+    pub async fn close(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        seen: &ErrorCursor,
+    ) -> Result<(), FsError> {
+        if !self.send_all(sh) {
+            self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
+        }
+        seen.check(&self.lock(), false)
     }
 
     /// Flushes for a caller without a handle (setattr, locks, unmount): reports only

@@ -172,6 +172,38 @@ async fn a_write_behind_error_reaches_the_fsync_of_every_open_handle() {
     }
 }
 
+/// A close waits for the data to be on the chunk servers, not for the size commit that
+/// follows (nobody else can see the file before this client's cap is recalled, which
+/// waits for it); an fsync waits for the commit too, also through another handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_waits_for_the_data_and_an_fsync_for_the_size_too() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"small").await;
+    let fh = client.open(ino).await.unwrap();
+    let data = pattern(4096, 3);
+    cluster.hold_commits.store(true, Ordering::SeqCst);
+    client.write(fh, 0, &data).await.unwrap();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), client.release(fh));
+    closed.await.expect("the close waited for the size commit").unwrap();
+    {
+        let st = cluster.state.lock().unwrap();
+        assert_eq!(st.chunks[&ChunkId { ino, index: 0 }], data, "the data is on the servers");
+        assert_eq!(st.attrs[&ino.0].size, 0, "the commit is still held");
+    }
+    assert_eq!(client.getattr(ino).await.unwrap().size, 4096, "this client knows the size");
+    let fh = client.open(ino).await.unwrap();
+    let syncing = tokio::spawn({
+        let client = client.clone();
+        async move { client.fsync(fh).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!syncing.is_finished(), "an fsync returned before the size was on meta");
+    cluster.hold_commits.store(false, Ordering::SeqCst);
+    syncing.await.unwrap().unwrap();
+    assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 4096);
+    client.release(fh).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unlinked_open_file_is_purged_on_last_close() {
     let (cluster, client) = setup().await;

@@ -116,10 +116,28 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
     .await
     .unwrap();
 
+    eprintln!("step: a close does not wait for the size commit, the unmount does");
+    cluster.hold_commits.store(true, std::sync::atomic::Ordering::SeqCst);
+    let root = mnt.clone();
+    tokio::task::spawn_blocking(move || {
+        std::fs::write(root.join("small.bin"), [7u8; 4096]).unwrap();
+        assert_eq!(std::fs::metadata(root.join("small.bin")).unwrap().len(), 4096);
+    })
+    .await
+    .unwrap();
+    let size = |cluster: &fake_cluster::FakeCluster| {
+        let st = cluster.state.lock().unwrap();
+        let ino = st.dirs[&1][&b"small.bin"[..]];
+        st.attrs[&ino].size
+    };
+    assert_eq!(size(&cluster), 0, "the commit is held at meta");
+    cluster.hold_commits.store(false, std::sync::atomic::Ordering::SeqCst);
+
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(20), task).await.unwrap().unwrap().unwrap();
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!table.contains(mnt.to_str().unwrap()), "still mounted after shutdown");
+    assert_eq!(size(&cluster), 4096, "the unmount waited for the commit");
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_proto::{
     BatchOp, ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Reply,
@@ -45,6 +45,8 @@ pub struct FakeCluster {
     pub busy_writes: Arc<AtomicU32>,
     /// Chunk writes still to refuse with `NoSpace`, a failure the client does not retry.
     pub full_writes: Arc<AtomicU32>,
+    /// While set, size commits (`CommitWrite`) wait before they are applied.
+    pub hold_commits: Arc<AtomicBool>,
 }
 
 struct Handler {
@@ -53,6 +55,7 @@ struct Handler {
     state: Arc<Mutex<State>>,
     busy_writes: Arc<AtomicU32>,
     full_writes: Arc<AtomicU32>,
+    hold_commits: Arc<AtomicBool>,
 }
 
 /// Takes one from `counter` if it is above zero; says whether it did.
@@ -88,15 +91,17 @@ impl FakeCluster {
         let state = Arc::new(Mutex::new(state));
         let busy_writes = Arc::new(AtomicU32::new(0));
         let full_writes = Arc::new(AtomicU32::new(0));
+        let hold_commits = Arc::new(AtomicBool::new(false));
         let handler = Handler {
             addr,
             chunk_size,
             state: state.clone(),
             busy_writes: busy_writes.clone(),
             full_writes: full_writes.clone(),
+            hold_commits: hold_commits.clone(),
         };
         tokio::spawn(stoa_net::serve(listener, Arc::new(handler)));
-        FakeCluster { addr, state, busy_writes, full_writes }
+        FakeCluster { addr, state, busy_writes, full_writes, hold_commits }
     }
 }
 
@@ -109,7 +114,14 @@ impl stoa_net::Handler for Handler {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 (self.meta(m), Bytes::new())
             }
-            Request::Meta(m) => (self.meta(m), Bytes::new()),
+            Request::Meta(m) => {
+                if matches!(m.op, MetaOp::CommitWrite { .. }) {
+                    while self.hold_commits.load(Ordering::SeqCst) {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                }
+                (self.meta(m), Bytes::new())
+            }
             Request::Chunk(c) => self.chunk(c, payload),
             Request::Raft(_) => (Err(FsError::NotSupported), Bytes::new()),
         }
