@@ -695,6 +695,12 @@ impl Client {
         self.sh.caps.set_kernel(kernel);
     }
 
+    /// Forgets what this client cached of the name `parent`/`name` (not a listing):
+    /// meta has shown that it no longer leads where the cache says.
+    pub fn forget_cached_name(&self, parent: InodeId, name: &[u8]) {
+        self.sh.caps.forget(&[], &[(parent, name)]);
+    }
+
     /// The TTL the kernel may cache what this client said of `ino`.
     pub fn cache_ttl(&self, ino: InodeId) -> Duration {
         self.sh.caps.ttl(ino)

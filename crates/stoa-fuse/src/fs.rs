@@ -6,6 +6,7 @@
 use crate::attr::{errno, file_attr, set_time, BLOCK_SIZE_BYTES};
 use crate::dirs::DirStream;
 use crate::locks::LockBook;
+use crate::names::KernelNames;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -44,6 +45,7 @@ pub struct StoaFs {
     client: Client,
     rt: tokio::runtime::Handle,
     kernel: Kernel,
+    names: Arc<KernelNames>,
     locks: Arc<LockBook>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_dir: AtomicU64,
@@ -56,7 +58,8 @@ impl StoaFs {
     pub fn new(client: Client, rt: tokio::runtime::Handle, kernel: Kernel) -> StoaFs {
         let (dirs, next_dir) = (Mutex::new(HashMap::new()), AtomicU64::new(1));
         let locks = Arc::new(LockBook::default());
-        StoaFs { client, rt, kernel, locks, dirs, next_dir, direct_writes: false }
+        let names = Arc::new(KernelNames::default());
+        StoaFs { client, rt, kernel, names, locks, dirs, next_dir, direct_writes: false }
     }
 
     /// Runs `op` with a clone of the client: first right here on fuser's thread, and
@@ -201,11 +204,13 @@ fn reply_entry(
     c: &Client,
     reply: ReplyEntry,
     what: &str,
-    parent: INodeNo,
+    (parent, name, names): (INodeNo, &[u8], &KernelNames),
     r: Result<Attr, FsError>,
 ) {
     match r {
         Ok(attr) => {
+            // A new inode: it has no other name.
+            names.give(parent.0, name, &attr);
             let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
             reply.entry(&ttl, &file_attr(&attr), Generation(0))
         }
@@ -280,16 +285,31 @@ impl Filesystem for StoaFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let name = bytes(name);
+        let (name, names) = (bytes(name), self.names.clone());
         self.spawn(|c| async move {
             match c.lookup_cached(ino(parent), &name).await {
-                Ok((attr, ttl, pin)) => {
-                    reply.entry(&ttl, &file_attr(&attr), Generation(0));
-                    drop(pin);
-                }
+                Ok((attr, ttl, pin)) => match names.give(parent.0, &name, &attr) {
+                    None => {
+                        reply.entry(&ttl, &file_attr(&attr), Generation(0));
+                        drop(pin);
+                    }
+                    // The kernel may hold this file under its old name, which another
+                    // mount renamed away: it must not see both (see `names`). Its walk
+                    // again asks for the old name, which this client no longer answers
+                    // from its cache.
+                    Some((old_parent, old_name)) => {
+                        c.forget_cached_name(InodeId(old_parent), &old_name);
+                        reply.error(Errno::ESTALE);
+                    }
+                },
                 Err(e) => reply.error(fail("lookup", &e)),
             }
         });
+    }
+
+    /// fuser's `batch_forget` comes here once per inode.
+    fn forget(&self, _req: &Request, i: INodeNo, _nlookup: u64) {
+        self.names.forgot(i.0);
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -354,10 +374,10 @@ impl Filesystem for StoaFs {
         let Some(kind) = FileKind::from_mode(mode).filter(|k| *k != FileKind::Dir) else {
             return reply.error(Errno::EINVAL);
         };
-        let (name, owner) = (bytes(name), owner(req));
+        let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         self.spawn(|c| async move {
             let r = c.create(ino(parent), &name, kind, perm(mode, umask), owner, rdev).await;
-            reply_entry(&c, reply, "mknod", parent, r);
+            reply_entry(&c, reply, "mknod", (parent, &name, &names), r);
         });
     }
 
@@ -370,17 +390,21 @@ impl Filesystem for StoaFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let (name, owner) = (bytes(name), owner(req));
+        let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         self.spawn(|c| async move {
             let r = c.mkdir(ino(parent), &name, perm(mode, umask), owner).await;
-            reply_entry(&c, reply, "mkdir", parent, r);
+            reply_entry(&c, reply, "mkdir", (parent, &name, &names), r);
         });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = bytes(name);
+        let (name, names) = (bytes(name), self.names.clone());
         self.spawn(|c| async move {
-            reply_empty(reply, "unlink", c.unlink(ino(parent), &name).await);
+            let r = c.unlink(ino(parent), &name).await;
+            if r.is_ok() {
+                names.removed(parent.0, &name);
+            }
+            reply_empty(reply, "unlink", r);
         });
     }
 
@@ -400,9 +424,10 @@ impl Filesystem for StoaFs {
         reply: ReplyEntry,
     ) {
         let (name, target, owner) = (bytes(link_name), bytes(target.as_os_str()), owner(req));
+        let names = self.names.clone();
         self.spawn(|c| async move {
             let r = c.symlink(ino(parent), &name, &target, owner).await;
-            reply_entry(&c, reply, "symlink", parent, r);
+            reply_entry(&c, reply, "symlink", (parent, &name, &names), r);
         });
     }
 
@@ -419,9 +444,18 @@ impl Filesystem for StoaFs {
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
-        let (name, newname) = (bytes(name), bytes(newname));
+        let (name, newname, names) = (bytes(name), bytes(newname), self.names.clone());
         self.spawn(|c| async move {
             let r = c.rename(ino(parent), &name, ino(newparent), &newname, flags.bits()).await;
+            if r.is_ok() {
+                if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                    // Both names now lead elsewhere: the next lookups record them.
+                    names.removed(parent.0, &name);
+                    names.removed(newparent.0, &newname);
+                } else {
+                    names.moved((parent.0, &name), (newparent.0, &newname));
+                }
+            }
             reply_empty(reply, "rename", r);
         });
     }
@@ -779,7 +813,7 @@ impl Filesystem for StoaFs {
         reply: ReplyCreate,
     ) {
         let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
-        let (name, owner) = (bytes(name), owner(req));
+        let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         let direct_writes = self.direct_writes;
         self.spawn(|c| async move {
             // A regular file is created and opened in one meta call (one log entry).
@@ -793,6 +827,7 @@ impl Filesystem for StoaFs {
             };
             match opened {
                 Ok((attr, handle)) => {
+                    names.give(parent.0, &name, &attr);
                     let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
                     let open = open_flags(&c, attr.ino, handle, flags, direct_writes);
                     let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));

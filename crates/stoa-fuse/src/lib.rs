@@ -23,6 +23,7 @@ mod error;
 mod fs;
 mod locks;
 mod mountpoint;
+mod names;
 
 pub use error::FuseError;
 
