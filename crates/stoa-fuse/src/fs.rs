@@ -204,7 +204,8 @@ fn reply_entry(
     c: &Client,
     reply: ReplyEntry,
     what: &str,
-    (parent, name, names): (INodeNo, &[u8], &KernelNames),
+    names: &KernelNames,
+    (parent, name): (INodeNo, &[u8]),
     r: Result<Attr, FsError>,
 ) {
     match r {
@@ -377,7 +378,7 @@ impl Filesystem for StoaFs {
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         self.spawn(|c| async move {
             let r = c.create(ino(parent), &name, kind, perm(mode, umask), owner, rdev).await;
-            reply_entry(&c, reply, "mknod", (parent, &name, &names), r);
+            reply_entry(&c, reply, "mknod", &names, (parent, &name), r);
         });
     }
 
@@ -393,7 +394,7 @@ impl Filesystem for StoaFs {
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         self.spawn(|c| async move {
             let r = c.mkdir(ino(parent), &name, perm(mode, umask), owner).await;
-            reply_entry(&c, reply, "mkdir", (parent, &name, &names), r);
+            reply_entry(&c, reply, "mkdir", &names, (parent, &name), r);
         });
     }
 
@@ -427,7 +428,7 @@ impl Filesystem for StoaFs {
         let names = self.names.clone();
         self.spawn(|c| async move {
             let r = c.symlink(ino(parent), &name, &target, owner).await;
-            reply_entry(&c, reply, "symlink", (parent, &name, &names), r);
+            reply_entry(&c, reply, "symlink", &names, (parent, &name), r);
         });
     }
 

@@ -50,16 +50,17 @@ impl KernelNames {
     pub fn give(&self, parent: u64, name: &[u8], attr: &Attr) -> Option<(u64, Vec<u8>)> {
         let mut n = self.lock();
         let ino = attr.ino.0;
-        let here = (parent, name.to_vec());
         if attr.kind == FileKind::Dir || attr.nlink != 1 {
             // A directory the kernel moves to its new name itself; a file with several
             // links has several names.
             n.unlink(ino);
             return None;
         }
-        if n.by_name.get(&here) == Some(&ino) {
+        // The common case, a name looked up again, costs no allocation.
+        if n.by_ino.get(&ino).is_some_and(|(p, known)| *p == parent && known == name) {
             return None;
         }
+        let here = (parent, name.to_vec());
         n.unname(&here);
         let before = n.unlink(ino);
         n.by_name.insert(here.clone(), ino);
