@@ -378,7 +378,11 @@ impl FileState {
                     inner.learn(&attr);
                     sh.caps.update_attr(attr);
                 }
-                Ok(_) => inner.meta_size = Some(inner.meta_size.map_or(end, |s| s.max(end))),
+                Ok(_) => {
+                    inner.meta_size = Some(inner.meta_size.map_or(end, |s| s.max(end)));
+                    // No attributes to update the cap's with: they are stale now.
+                    sh.caps.forget(&[self.ino], &[]);
+                }
                 Err(e) => {
                     tracing::warn!("committing writes of inode {} failed: {e}", self.ino);
                     inner.fail(e);

@@ -78,16 +78,18 @@ impl Drop for Budget {
 
 impl FileState {
     /// Reads up to `len` bytes at `offset`, never past the end of the file, and starts
-    /// fetching chunks `ahead` in the background.
+    /// fetching chunks `ahead` in the background. Under a cap (`capped`) the size this
+    /// client knows is the file's; without one, a read past it asks meta.
     pub async fn read(
         self: &Arc<Self>,
         sh: &Arc<Shared>,
         offset: u64,
         len: u32,
         ahead: std::ops::Range<u64>,
+        capped: bool,
     ) -> Result<Vec<u8>, FsError> {
         let _io = self.io_lock.read().await;
-        let size = self.size_for_read(sh, offset + u64::from(len)).await?;
+        let size = self.size_for_read(sh, offset + u64::from(len), capped).await?;
         if offset >= size {
             return Ok(Vec::new());
         }
@@ -110,9 +112,17 @@ impl FileState {
         Ok(out)
     }
 
-    /// The file size, asking meta when the read reaches past what this client knows.
-    async fn size_for_read(&self, sh: &Shared, want_end: u64) -> Result<u64, FsError> {
-        if let Some(size) = self.lock().size().filter(|&s| want_end <= s) {
+    /// The file size, asking meta when this client knows none, or when the read reaches
+    /// past it without a cap (another client may have written further meanwhile). Under
+    /// a cap no other client changes the size without recalling it first, and the size
+    /// known was learnt from the grant or after it (a grant updates an open file's).
+    async fn size_for_read(
+        &self,
+        sh: &Shared,
+        want_end: u64,
+        capped: bool,
+    ) -> Result<u64, FsError> {
+        if let Some(size) = self.lock().size().filter(|&s| capped || want_end <= s) {
             return Ok(size);
         }
         let attr = sh.session.call_attr(MetaOp::GetAttr { ino: self.ino }).await?;

@@ -204,6 +204,29 @@ async fn a_close_waits_for_the_data_and_an_fsync_for_the_size_too() {
     client.release(fh).await.unwrap();
 }
 
+/// A file opened again after its last close, when the client no longer keeps its state,
+/// reads under the cap it still holds with the size cached with the cap: no meta call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_opened_again_reads_under_its_cap_without_asking_meta_for_the_size() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"again").await;
+    let fh = client.open(ino).await.unwrap();
+    let data = pattern(4096, 5);
+    client.write(fh, 0, &data).await.unwrap();
+    client.fsync(fh).await.unwrap();
+    client.release(fh).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while cluster.state.lock().unwrap().opens.contains(&ino.0) {
+        assert!(std::time::Instant::now() < deadline, "the release never reached meta");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let asked = cluster.state.lock().unwrap().getattr_calls;
+    let fh = client.open(ino).await.unwrap();
+    assert_eq!(client.read(fh, 0, 64 * 1024).await.unwrap(), data);
+    assert_eq!(cluster.state.lock().unwrap().getattr_calls, asked, "the read asked meta");
+    client.release(fh).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unlinked_open_file_is_purged_on_last_close() {
     let (cluster, client) = setup().await;

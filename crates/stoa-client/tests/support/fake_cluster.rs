@@ -33,6 +33,8 @@ pub struct State {
     pub synced: Vec<ChunkId>,
     /// Chunk writes (`Write` and `WriteRanges`) answered.
     pub chunk_writes: u64,
+    /// `GetAttr` calls answered.
+    pub getattr_calls: u64,
     answered: HashMap<(u64, u64), Reply>,
     next_ino: u64,
     cap_seq: u64,
@@ -178,6 +180,7 @@ impl Handler {
                 MetaResponse::Attr(st.attrs[&ino].clone())
             }
             MetaOp::GetAttr { ino } => {
+                st.getattr_calls += 1;
                 MetaResponse::Attr(st.attrs.get(&ino.0).cloned().ok_or(FsError::NotFound)?)
             }
             MetaOp::SetAttr { ino, set } => {
