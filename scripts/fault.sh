@@ -4,7 +4,7 @@
 #
 #   scripts/fault.sh                 # the short run (3 seeded scenarios, about 3 minutes)
 #   scripts/fault.sh --long          # every scenario twice
-#   scripts/fault.sh --seed N [...]  # replay a run; --scenario NAME, --list, --strict
+#   scripts/fault.sh --seed N [...]  # replay a run; --scenario NAME, --list
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh

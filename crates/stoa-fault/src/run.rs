@@ -29,9 +29,6 @@ pub struct ScenarioResult {
     pub keys: usize,
     pub faults: usize,
     pub anomalies: Vec<String>,
-    /// Anomalies of known product bugs (listed in the README): reported, and counted
-    /// only in a strict run.
-    pub known: Vec<String>,
     pub notes: Vec<String>,
     /// The longest time one client operation took while the fault was on (or in the
     /// settle time after it).
@@ -69,7 +66,7 @@ pub fn pick(seed: u64, long: bool) -> Vec<Scenario> {
     let mut pool: Vec<Scenario> = if long {
         scenario::ALL.iter().chain(scenario::ALL.iter()).copied().collect()
     } else {
-        scenario::ALL.iter().copied().filter(|s| !s.expected_to_fail()).collect()
+        scenario::ALL.to_vec()
     };
     for i in (1..pool.len()).rev() {
         pool.swap(i, rng.below(i as u64 + 1) as usize);
@@ -99,9 +96,6 @@ pub fn run(cfg: &RunConfig) -> Result<Summary> {
         eprintln!("stoa-fault:   longest stall: {}", r.stall_op);
         for a in &r.anomalies {
             eprintln!("stoa-fault:   ANOMALY {a}");
-        }
-        for a in &r.known {
-            eprintln!("stoa-fault:   known bug: {a}");
         }
         results.push(r);
     }
@@ -134,12 +128,7 @@ fn run_scenario(
     std::thread::sleep(SETTLE);
     let acked = work.acked.clone();
     let stuck = work.stop(STOP_CLIENTS_WITHIN);
-    let (mut anomalies, mut known) = (Vec::new(), Vec::new());
-    if s.expected_to_fail() {
-        known.extend(injected.anomalies);
-    } else {
-        anomalies.extend(injected.anomalies);
-    }
+    let mut anomalies = injected.anomalies;
     if stuck > 0 {
         // They may wait in the kernel for good; the run must still end (and clean up).
         let aborted = cluster.abort_mounts();
@@ -163,11 +152,8 @@ fn run_scenario(
     }
     let mut records = history.records();
     let mut notes = injected.notes;
-    // What the checks find in a scenario marked for a known bug is reported apart, as
-    // its fault's own findings are (a stuck client or a lost replica still counts).
-    let mut found = Vec::new();
     if let Some(f) = &injected.fenced {
-        found.extend(scenario::late_writes(&records, f, injected.end_ns));
+        anomalies.extend(scenario::late_writes(&records, f, injected.end_ns));
         let waited = scenario::writes_in_new_session(&records, f, injected.end_ns);
         notes.push(format!(
             "{waited} writes invoked while cut off opened their file only after the heal, in the new session"
@@ -177,11 +163,7 @@ fn run_scenario(
             "{excused} reads of the cut-off mount's own unsynced namespace changes not checked"
         ));
     }
-    let (ops_checked, keys) = check_history(&records, &mut found, &mut known);
-    match s.expected_to_fail() {
-        true => known.extend(found),
-        false => anomalies.extend(found),
-    }
+    let (ops_checked, keys) = check_history(&records, &mut anomalies);
     let (stall, stall_op) =
         longest_stall(&records, injected.start_ns, injected.end_ns + SETTLE.as_nanos() as u64);
     for (key, recs) in checker::by_key(&records) {
@@ -198,7 +180,6 @@ fn run_scenario(
         keys,
         faults: injected.faults,
         anomalies,
-        known,
         notes,
         stall,
         stall_op,
@@ -248,12 +229,7 @@ fn mask(names: &[std::ffi::OsString]) -> u8 {
 }
 
 /// Checks each register and directory; returns the operations checked and the keys.
-fn check_history(
-    records: &[Record],
-    anomalies: &mut Vec<String>,
-    known: &mut Vec<String>,
-) -> (usize, usize) {
-    let shared = format!("/{}", workload::SHARED_DIR);
+fn check_history(records: &[Record], anomalies: &mut Vec<String>) -> (usize, usize) {
     let (mut ops, mut keys) = (0, 0);
     for (key, recs) in checker::by_key(records) {
         let verdict = if key.starts_with("reg/") {
@@ -275,12 +251,7 @@ fn check_history(
             Verdict::Linearizable => {}
             Verdict::Violation(why) => {
                 let dump = dump_history(key, &recs);
-                let line = format!("{key} is not linearizable: {why} (history: {dump})");
-                if key.starts_with("dir/") && key.ends_with(&shared) {
-                    known.push(format!("stale entry cache across mounts: {line}"));
-                } else {
-                    anomalies.push(line);
-                }
+                anomalies.push(format!("{key} is not linearizable: {why} (history: {dump})"));
             }
             Verdict::Undecided => {
                 anomalies.push(format!("{key}: the checker gave up (search budget)"))
@@ -347,13 +318,9 @@ fn longest_stall(records: &[Record], from_ns: u64, to_ns: u64) -> (Duration, Str
 }
 
 impl Summary {
-    /// Anomalies that no known bug explains: must be 0.
+    /// Anomalies found: must be 0.
     pub fn anomalies(&self) -> usize {
         self.results.iter().map(|r| r.anomalies.len()).sum()
-    }
-
-    pub fn known(&self) -> usize {
-        self.results.iter().map(|r| r.known.len()).sum()
     }
 
     /// The longest stall per fault kind (scenario), over every time it ran.
@@ -378,20 +345,18 @@ impl Summary {
         );
         let _ = writeln!(
             out,
-            "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>6} {:>9} {:>9}",
-            "SCENARIO", "OPS", "KEYS", "FAULTS", "ANOMALIES", "KNOWN", "STALL", "RECOVERY"
+            "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>9} {:>9}",
+            "SCENARIO", "OPS", "KEYS", "FAULTS", "ANOMALIES", "STALL", "RECOVERY"
         );
         for r in &self.results {
-            let flag = if r.scenario.expected_to_fail() { " (expected to fail)" } else { "" };
             let _ = writeln!(
                 out,
-                "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>6} {:>8.2}s {:>8.2}s{flag}",
+                "  {:<22} {:>7} {:>5} {:>7} {:>10} {:>8.2}s {:>8.2}s",
                 r.scenario.name(),
                 r.ops_checked,
                 r.keys,
                 r.faults,
                 r.anomalies.len(),
-                r.known.len(),
                 r.stall.as_secs_f64(),
                 r.recovery.as_secs_f64()
             );
@@ -400,9 +365,8 @@ impl Summary {
         let faults: usize = self.results.iter().map(|r| r.faults).sum();
         let _ = writeln!(
             out,
-            "  total: {ops} operations checked, {faults} faults injected, {} anomalies, {} of known bugs",
-            self.anomalies(),
-            self.known()
+            "  total: {ops} operations checked, {faults} faults injected, {} anomalies",
+            self.anomalies()
         );
         let stalls: Vec<String> =
             self.stalls().iter().map(|(n, d)| format!("{n} {:.2} s", d.as_secs_f64())).collect();
@@ -413,9 +377,6 @@ impl Summary {
             }
             for a in &r.anomalies {
                 let _ = writeln!(out, "  {}: ANOMALY {a}", r.scenario.name());
-            }
-            for a in &r.known {
-                let _ = writeln!(out, "  {}: known bug: {a}", r.scenario.name());
             }
         }
         out

@@ -65,26 +65,6 @@ impl Scenario {
     pub fn parse(name: &str) -> Option<Scenario> {
         ALL.iter().copied().find(|s| s.name() == name)
     }
-
-    /// Scenarios that fail today for a known product bug (see docs/FAULT_TESTS.md):
-    /// they run in the long run and on request, their anomalies are reported apart and
-    /// fail only a `--strict` run, and the short CI run leaves them out. Remove an entry
-    /// when its bug is fixed.
-    pub fn known_bug(self) -> Option<&'static str> {
-        match self {
-            Scenario::DiskFull => Some(
-                "a register read goes back around the fill, 1 run in 6 (--seed 40, \
-                 2026-11-25; causes fixed: a failed write's bytes in the page cache, writes \
-                 visible before they were ordered, reads of a write not yet at the tail, \
-                 ENOSPC from a full head while other servers had room)",
-            ),
-            _ => None,
-        }
-    }
-
-    pub fn expected_to_fail(self) -> bool {
-        self.known_bug().is_some()
-    }
 }
 
 /// What a scenario did.

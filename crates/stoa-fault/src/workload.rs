@@ -20,11 +20,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const REGISTERS: usize = 3;
-/// Directory 0 is shared by one namespace client on every mount; directory 1 by two
-/// clients on the first mount only. The kernel caches entries and attributes for the TTL
-/// stoa-fuse gives them (1 s) and nothing recalls them yet, so the shared directory
-/// shows stale stats across mounts (a known bug, see [`SHARED_DIR`]); the single-mount
-/// directory still proves meta's namespace operations linearizable under faults.
+/// Directory 0 is shared by one namespace client on every mount, so its history checks
+/// that every mount's cached entries and attributes are dropped before another mount's
+/// change returns (flows/caps.md); directory 1 by two clients on the first mount only,
+/// which checks meta's namespace operations and the one client's own caching.
 pub const DIRS: usize = 2;
 pub const SHARED_DIR: usize = 0;
 const LOCAL_DIR: usize = 1;

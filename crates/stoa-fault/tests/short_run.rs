@@ -14,8 +14,8 @@ fn a_short_randomized_fault_run_shows_no_anomaly() {
     let exe = std::env::current_exe().expect("find the test binary");
     let stoa = exe.parent().and_then(|d| d.parent()).expect("target dir").join("stoa");
     // The suite runs one fixed seed, so that a failure in CI replays exactly; other seeds
-    // (`stoa-fault --seed N`, `scripts/fault.sh --long`) explore further, and some of
-    // them still hit the known bugs listed in docs/FAULT_TESTS.md.
+    // (`stoa-fault --seed N`, `scripts/fault.sh --long`) explore further (their findings
+    // are in docs/FAULT_TESTS.md).
     let seed = match std::env::var("STOA_FAULT_SEED") {
         Ok(s) => s.parse().expect("STOA_FAULT_SEED is a number"),
         Err(_) => CI_SEED,
