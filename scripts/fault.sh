@@ -2,7 +2,7 @@
 # Jepsen-style fault tests: builds stoa and stoa-fault and runs them as root. Every node
 # of the cluster gets its own network namespace; see docs/FAULT_TESTS.md.
 #
-#   scripts/fault.sh                 # the short run (3 seeded scenarios, about 3 minutes)
+#   scripts/fault.sh                 # the short run (every scenario once, seeded order, about 6 minutes)
 #   scripts/fault.sh --long          # every scenario twice
 #   scripts/fault.sh --seed N [...]  # replay a run; --scenario NAME, --list
 set -euo pipefail

@@ -23,7 +23,7 @@ pub trait Model {
     fn step(&self, state: &Self::State, call: &Call, ret: Option<&Ret>) -> Option<Self::State>;
 }
 
-/// A read/write register holding a u64, initially 0.
+/// A read/write/compare-and-set register holding a u64, initially 0.
 pub struct Register;
 
 impl Model for Register {
@@ -36,6 +36,12 @@ impl Model for Register {
             (Call::Write(v), _) => Some(*v),
             (Call::Read, None) => Some(*state),
             (Call::Read, Some(Ret::Value(v))) if v == state => Some(*state),
+            // Taking effect with an unknown outcome: it swapped if it could.
+            (Call::Cas(expected, new), None) => Some(if state == expected { *new } else { *state }),
+            (Call::Cas(expected, new), Some(Ret::Ok)) if state == expected => Some(*new),
+            (Call::Cas(expected, _), Some(Ret::Value(v))) if v == state && v != expected => {
+                Some(*state)
+            }
             _ => None,
         }
     }
@@ -244,16 +250,19 @@ fn secs(ns: u64) -> String {
     }
 }
 
-/// Drops register writes of unknown outcome whose value no read returned. Sound for a
-/// register whose writes carry unique values: in any linearization such a write is
-/// followed by no read of it before the next write, so taking it out leaves every read's
-/// state as it was. It keeps the search small when a fault fails many writes with EIO.
+/// Drops register writes (and compare-and-sets) of unknown outcome whose value nothing
+/// observed: no read returned it, no compare-and-set found it or swapped it out. Sound
+/// for a register whose writes carry unique values: in any linearization such a write
+/// is followed by no observation of it before the next write, so taking it out leaves
+/// every observation's state as it was. It keeps the search small when a fault fails
+/// many writes with EIO.
 pub fn prune_unread_writes<'a>(records: &[&'a Record]) -> Vec<&'a Record> {
-    let read: HashSet<u64> = records
+    let observed: HashSet<u64> = records
         .iter()
-        .filter(|r| r.outcome == Outcome::Ok && r.call == Call::Read)
-        .filter_map(|r| match r.ret {
-            Some(Ret::Value(v)) => Some(v),
+        .filter(|r| r.outcome == Outcome::Ok)
+        .filter_map(|r| match (&r.call, &r.ret) {
+            (Call::Read | Call::Cas(..), Some(Ret::Value(v))) => Some(*v),
+            (Call::Cas(expected, _), Some(Ret::Ok)) => Some(*expected),
             _ => None,
         })
         .collect();
@@ -261,7 +270,9 @@ pub fn prune_unread_writes<'a>(records: &[&'a Record]) -> Vec<&'a Record> {
         .iter()
         .copied()
         .filter(|r| match r.call {
-            Call::Write(v) => r.outcome != Outcome::Unknown || read.contains(&v),
+            Call::Write(v) | Call::Cas(_, v) => {
+                r.outcome != Outcome::Unknown || observed.contains(&v)
+            }
             _ => true,
         })
         .collect()

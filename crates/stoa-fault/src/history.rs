@@ -13,6 +13,10 @@ use std::time::Instant;
 pub enum Call {
     Read,
     Write(u64),
+    /// Compare-and-set of a register under an fcntl write lock: `(expected, new)`. It
+    /// returns `Ok` when it swapped, and the value it found (`Value`) when that was not
+    /// the expected one.
+    Cas(u64, u64),
     Create(u8),
     Unlink(u8),
     Rename(u8, u8),

@@ -13,8 +13,7 @@ struct Args {
     /// Seed of every random choice; a run is reproducible from it.
     #[arg(long)]
     seed: Option<u64>,
-    /// Every scenario, twice, in a seeded order (about 15 minutes), instead of the short
-    /// run's three.
+    /// Every scenario twice, in a seeded order (about 12 minutes), instead of once.
     #[arg(long)]
     long: bool,
     /// Run these scenarios, in this order (repeatable); see --list.

@@ -402,8 +402,8 @@ pub fn writes_in_new_session(records: &[Record], f: &Fenced, heal_ns: u64) -> us
         .count()
 }
 
-/// Writes by the fenced clients invoked after the last link was cut and before their
-/// lease expired that succeeded after the heal.
+/// Writes (and compare-and-sets that swapped) by the fenced clients invoked after the
+/// last link was cut and before their lease expired that succeeded after the heal.
 fn ok_after_heal<'a>(
     records: &'a [Record],
     f: &'a Fenced,
@@ -411,7 +411,12 @@ fn ok_after_heal<'a>(
 ) -> impl Iterator<Item = &'a Record> {
     records
         .iter()
-        .filter(|r| f.clients.contains(&r.client) && matches!(r.call, Call::Write(_)))
+        .filter(|r| f.clients.contains(&r.client))
+        .filter(|r| match r.call {
+            Call::Write(_) => true,
+            Call::Cas(..) => r.ret == Some(Ret::Ok),
+            _ => false,
+        })
         .filter(|r| (f.cut_done_ns..f.expiry_ns).contains(&r.invoke_ns))
         .filter(move |r| r.outcome == Outcome::Ok && r.complete_ns > heal_ns)
 }

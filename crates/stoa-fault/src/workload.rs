@@ -1,9 +1,10 @@
 //! Client workloads on the FUSE mounts, each operation recorded in the [`History`]:
 //!
-//! - registers: small files holding one value, read and overwritten (write + fsync +
-//!   close) by several clients on several mounts. fcntl locks are not cluster-wide yet
-//!   (stoa-fuse leaves them to the kernel, which only sees its own mount), so there is no
-//!   compare-and-set: a lock-guarded read-modify-write would prove nothing.
+//! - registers: small files holding one value, read (open, read, close), overwritten and
+//!   compared-and-set by several clients on several mounts. Writes and compare-and-sets
+//!   hold an fcntl write lock on the file (cluster-wide, flows/locks.md) from before they
+//!   look until after their fsync, so a compare-and-set is atomic only if the locks and
+//!   the caches behind them are coherent across mounts; reads take no lock.
 //! - namespace: exclusive create, unlink, rename, stat and readdir of a few names in a
 //!   few directories, from clients on every mount.
 //! - files: a writer that creates files of known content and fsyncs them; every file
@@ -12,6 +13,7 @@
 use crate::history::{Call, History, Opened, Outcome, Ret};
 use crate::rng::Rng;
 use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -183,17 +185,30 @@ impl Ctx {
 
     fn registers(mut self) {
         let mut counter = 0u64;
+        // The last value this client saw in each register: what its compare-and-sets
+        // expect (often stale on purpose, so that both outcomes occur).
+        let mut seen = [0u64; REGISTERS];
         while self.running() {
             let k = self.rng.below(REGISTERS as u64) as usize;
             let key = format!("reg/{}/{k}", self.dir);
             let path = register_path(&self.mount, &self.dir, k);
-            if self.rng.below(10) < 4 {
+            let dice = self.rng.below(10);
+            let ret = if dice < 5 {
                 counter += 1;
                 let v = ((self.client as u64 + 1) << 32) | counter;
-                self.history
-                    .record(self.client, &key, Call::Write(v), |_, o| write_register(&path, v, o));
+                let call = if dice < 3 { Call::Write(v) } else { Call::Cas(seen[k], v) };
+                let ret = self
+                    .history
+                    .record(self.client, &key, call, |c, o| change_register(&path, c, o));
+                if ret == Some(Ret::Ok) {
+                    seen[k] = v;
+                }
+                ret
             } else {
-                self.history.record(self.client, &key, Call::Read, |_, _| read_register(&path));
+                self.history.record(self.client, &key, Call::Read, |_, _| read_register(&path))
+            };
+            if let Some(Ret::Value(v)) = ret {
+                seen[k] = v;
             }
             self.pause();
         }
@@ -237,18 +252,57 @@ impl Ctx {
     }
 }
 
-fn write_register(path: &Path, v: u64, opened: &Opened) -> (Outcome, Result<Ret, String>) {
-    let f = match std::fs::OpenOptions::new().write(true).open(path) {
+/// A write or compare-and-set of a register: open, an fcntl write lock on the whole
+/// file, (for a compare-and-set) read and compare, write, fsync; the close drops the
+/// lock. Anything that fails before the write changed nothing.
+fn change_register(path: &Path, call: &Call, opened: &Opened) -> (Outcome, Result<Ret, String>) {
+    let f = match std::fs::OpenOptions::new().read(true).write(true).open(path) {
         Ok(f) => {
             opened.now();
             f
         }
-        // Open changes nothing: the write was never sent.
         Err(e) => return (Outcome::Fail, Err(errno(&e))),
     };
-    match f.write_all_at(&encode(v), 0).and_then(|_| f.sync_all()) {
+    if let Err(e) = lock_whole(&f) {
+        return (Outcome::Fail, Err(format!("fcntl F_SETLKW: {}", errno(&e))));
+    }
+    let new = match *call {
+        Call::Write(v) => v,
+        Call::Cas(expected, new) => {
+            let mut buf = [0u8; 64];
+            let n = match f.read_at(&mut buf, 0) {
+                Ok(n) => n,
+                Err(e) => return (Outcome::Fail, Err(errno(&e))),
+            };
+            match decode(&buf[..n]) {
+                Ret::Value(v) if v == expected => new,
+                found => return (Outcome::Ok, Ok(found)),
+            }
+        }
+        _ => unreachable!("not a register change: {call:?}"),
+    };
+    match f.write_all_at(&encode(new), 0).and_then(|_| f.sync_all()) {
         Ok(()) => (Outcome::Ok, Ok(Ret::Ok)),
         Err(e) => (Outcome::Unknown, Err(errno(&e))),
+    }
+}
+
+/// Takes an fcntl write lock on all of `f`, waiting for it. An open-file-description
+/// lock (`F_OFD_SETLKW`), not a classic POSIX one: the clients are threads of one
+/// process, and a process never conflicts with its own POSIX locks, so those would let
+/// two clients of one mount hold the lock at once (the first runs with compare-and-set
+/// found exactly that).
+fn lock_whole(f: &std::fs::File) -> std::io::Result<()> {
+    // SAFETY: a zeroed flock is a valid value (l_pid must be 0 for an OFD lock); the
+    // fields that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: fcntl on a descriptor we own with a valid flock; l_start 0 and l_len 0
+    // cover the whole file.
+    match unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLKW, &fl) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 
@@ -278,7 +332,9 @@ fn namespace_op(base: &Path, call: &Call) -> (Outcome, Result<Ret, String>) {
         Call::Rename(a, b) => std::fs::rename(name(base, *a), name(base, *b)).map(|_| Ret::Ok),
         Call::Stat(n) => std::fs::metadata(name(base, *n)).map(|_| Ret::Exists),
         Call::List => list(base),
-        Call::Read | Call::Write(_) => unreachable!("not a namespace call: {call:?}"),
+        Call::Read | Call::Write(_) | Call::Cas(..) => {
+            unreachable!("not a namespace call: {call:?}")
+        }
     };
     let read = matches!(call, Call::Stat(_) | Call::List);
     // A change is checked once synced: an answered change that never reached meta

@@ -1,7 +1,7 @@
 //! The short randomized fault run of the test suite: a cluster of network namespaces,
-//! three seeded scenarios under load, every history checked. Needs root, like the
-//! end-to-end tests, and the `stoa` binary next to the test's build (scripts/test.sh
-//! builds both). Set STOA_FAULT_SEED to replay a run.
+//! every scenario once in a seeded order under load, every history checked. Needs root,
+//! like the end-to-end tests, and the `stoa` binary next to the test's build
+//! (scripts/test.sh builds both). Set STOA_FAULT_SEED to replay a run.
 
 use stoa_fault::run::{self, RunConfig};
 
@@ -27,7 +27,8 @@ fn a_short_randomized_fault_run_shows_no_anomaly() {
     let summary = run::run(&cfg).unwrap_or_else(|e| panic!("fault run failed (seed {seed}): {e}"));
     let text = summary.render();
     println!("{text}");
-    assert!(summary.results.len() == 3, "ran {} scenarios, not 3", summary.results.len());
+    let want = stoa_fault::scenario::ALL.len();
+    assert!(summary.results.len() == want, "ran {} scenarios, not {want}", summary.results.len());
     assert!(
         summary.results.iter().all(|r| r.ops_checked > 100),
         "too few operations checked:{text}"

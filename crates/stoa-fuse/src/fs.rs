@@ -627,10 +627,9 @@ impl Filesystem for StoaFs {
         let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
         let takes = kind != stoa_client::LockKind::Unlock;
         let earlier = self.locks.locking(fh_raw.0, i.0, lock_owner.0, takes);
-        let kernel = self.kernel.clone();
         self.spawn(|c| async move {
             crate::locks::after(earlier).await;
-            crate::locks::setlk(c, kernel, ino(i), req, sleep, reply).await
+            crate::locks::setlk(c, ino(i), req, sleep, reply).await
         });
     }
 

@@ -2,8 +2,7 @@
 //! [`LockKind`], and the answers back.
 
 use crate::attr::errno;
-use crate::fs::Kernel;
-use fuser::{Errno, INodeNo, ReplyEmpty, ReplyLock};
+use fuser::{Errno, ReplyEmpty, ReplyLock};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use stoa_client::{Client, FsError, InodeId, LockKind, LockRequest};
@@ -43,27 +42,15 @@ pub async fn getlk(c: Client, ino: InodeId, req: LockRequest, reply: ReplyLock) 
     }
 }
 
-/// F_SETLK / F_SETLKW. A lock taken makes the kernel drop what it cached of the file,
-/// so that the holder reads what the previous holder wrote.
-pub async fn setlk(
-    c: Client,
-    kernel: Kernel,
-    ino: InodeId,
-    req: LockRequest,
-    wait: bool,
-    reply: ReplyEmpty,
-) {
+/// F_SETLK / F_SETLKW. The kernel's cached pages need no dropping when a lock is
+/// taken: it caches a file only under a cap, and another mount's writes recalled that
+/// cap first (flows/locks.md). Dropping them here did harm: the kernel's invalidation
+/// waits for pages locked by reads in flight, and it ran on a runtime thread, so a lock
+/// taken while the same mount read the file could stall the whole mount (the fault
+/// runs' compare-and-set found it: three clients stuck, renewals stopped).
+pub async fn setlk(c: Client, ino: InodeId, req: LockRequest, wait: bool, reply: ReplyEmpty) {
     match c.setlk(ino, req, wait).await {
-        Ok(()) => {
-            if req.kind != LockKind::Unlock {
-                if let Some(kernel) = kernel.get() {
-                    if let Err(e) = kernel.inval_inode(INodeNo(ino.0), 0, 0) {
-                        tracing::debug!("invalidating inode {ino} after a lock: {e}");
-                    }
-                }
-            }
-            reply.ok()
-        }
+        Ok(()) => reply.ok(),
         Err(e) => reply.error(log_err("setlk", &e)),
     }
 }

@@ -71,6 +71,42 @@ sys.stdin.read()
 
 /// Starts a process that holds an exclusive lock on `path`, once it has it. It lets go
 /// when its stdin closes.
+/// Reads FILE whole, N times, each through a new read-only descriptor (the kernel's
+/// page cache, so its reads lock pages while they wait for the mount).
+const READER: &str = r#"
+import os, sys
+path, n = sys.argv[1], int(sys.argv[2])
+for _ in range(n):
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    while os.read(fd, 65536):
+        pass
+    os.close(fd)
+"#;
+
+/// Taking a lock never waits for the mount's own reads of the file: the mount once told
+/// the kernel to drop the file's pages on every lock, on a runtime thread, and that
+/// waits for the pages reads in flight hold, whose answers needed the runtime (the fault
+/// runs' compare-and-set stalled a mount that way).
+#[test]
+fn locks_taken_while_the_same_mount_reads_the_file_never_stall() {
+    let dev = Dev::start(3, 3);
+    let file = dev.mnt.join("read-and-locked");
+    std::fs::write(&file, b"0\n").unwrap();
+    let reader = |n: u32| {
+        Command::new("python3").args(["-c", READER]).arg(&file).arg(n.to_string()).spawn().unwrap()
+    };
+    let runs = vec![
+        counter_run(&file, 100, "ofd"),
+        counter_run(&file, 100, "ofd"),
+        reader(400),
+        reader(400),
+    ];
+    wait_all_within(runs, 120, "lockers and readers of one file on one mount");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.trim(), "200", "locks lost increments");
+}
+
 fn hold_lock(path: &Path) -> Child {
     let mut holder = Command::new("python3")
         .args(["-c", HOLDER])

@@ -174,3 +174,61 @@ fn pruning_unread_unknown_writes_keeps_the_verdict_and_the_search_small() {
     let all: Vec<&Record> = h.iter().collect();
     assert!(matches!(check(&Register, &prune_unread_writes(&all)), Verdict::Violation(_)));
 }
+
+fn cas(client: usize, expected: u64, new: u64, ret: Ret, t0: u64, t1: u64) -> Record {
+    op(client, Call::Cas(expected, new), Some(ret), t0, Some(t1))
+}
+
+#[test]
+fn compare_and_sets_that_swap_in_turn_are_linearizable() {
+    good(
+        &Register,
+        &[
+            cas(0, 0, 1, Ret::Ok, 0, 10),
+            cas(1, 0, 2, Ret::Value(1), 20, 30),
+            cas(1, 1, 2, Ret::Ok, 40, 50),
+            r(0, 2, 60, 70),
+        ],
+    );
+    // Two at once: one swaps, the other finds its value.
+    good(&Register, &[cas(0, 0, 1, Ret::Ok, 0, 10), cas(1, 0, 2, Ret::Value(1), 0, 10)]);
+}
+
+#[test]
+fn two_compare_and_sets_of_one_value_that_both_swap_are_a_violation() {
+    // What a lock that two mounts both hold looks like: each read 0 and swapped.
+    bad(&Register, &[cas(0, 0, 1, Ret::Ok, 0, 10), cas(1, 0, 2, Ret::Ok, 0, 10)]);
+    bad(&Register, &[cas(0, 0, 1, Ret::Ok, 0, 10), cas(1, 0, 2, Ret::Ok, 20, 30)]);
+}
+
+#[test]
+fn a_compare_and_set_that_finds_a_stale_or_the_expected_value_and_fails_is_a_violation() {
+    bad(&Register, &[w(0, 1, 0, 10), cas(1, 5, 2, Ret::Value(0), 20, 30)]);
+    bad(&Register, &[w(0, 1, 0, 10), cas(1, 1, 2, Ret::Value(1), 20, 30)]);
+}
+
+#[test]
+fn a_compare_and_set_of_unknown_outcome_may_have_swapped_or_not() {
+    let unknown = op(0, Call::Cas(0, 1), None, 0, None);
+    good(&Register, &[unknown.clone(), r(1, 1, 20, 30)]);
+    good(&Register, &[unknown.clone(), r(1, 0, 20, 30)]);
+    // It cannot swap a value it did not find.
+    bad(&Register, &[w(1, 5, 0, 10), unknown, r(1, 1, 20, 30)]);
+}
+
+#[test]
+fn pruning_keeps_the_unknown_writes_a_compare_and_set_observed() {
+    let lost = op(0, Call::Write(7), None, 0, None);
+    let swapped_out = op(1, Call::Cas(7, 8), Some(Ret::Ok), 20, Some(30));
+    let found = op(1, Call::Cas(0, 9), Some(Ret::Value(7)), 20, Some(30));
+    for observer in [swapped_out, found] {
+        let h = [lost.clone(), observer];
+        let refs: Vec<&Record> = h.iter().collect();
+        assert_eq!(prune_unread_writes(&refs).len(), 2, "{h:#?}");
+        good(&Register, &h);
+    }
+    let unseen = op(0, Call::Cas(0, 6), None, 0, None);
+    let h = [unseen, r(1, 0, 20, 30)];
+    let refs: Vec<&Record> = h.iter().collect();
+    assert_eq!(prune_unread_writes(&refs).len(), 1);
+}

@@ -304,9 +304,11 @@ pub fn wait_all_within(children: Vec<Child>, secs: u64, what: &str) {
         left = running;
         if !left.is_empty() && Instant::now() > deadline {
             let stuck = left.len();
+            // Not waited for: a process stuck in a FUSE request the mount never answers
+            // does not die of SIGKILL; it goes when the test's cluster stops and the
+            // kernel aborts the connection.
             for mut c in left {
                 let _ = c.kill();
-                let _ = c.wait();
             }
             panic!("{what}: {stuck} process(es) still running after {secs} s");
         }
