@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Sequential throughput through the mount of a local 3+3 `stoa dev` cluster (replica 3):
 # 1 GiB written in 1 MiB blocks with an fsync at the end, page caches dropped, read back.
-# The same on the local disk, in the same run, gives the ceiling and the ratio.
+# The same on the local disk, in the same run, gives the ceiling and the ratio. Each
+# figure is the median of REPS runs (every run's figure is printed too).
 #
-#   bench/seq.sh [SIZE_MIB]
+#   bench/seq.sh [SIZE_MIB] [REPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 size_mib=${1:-1024}
+reps=${2:-3}
 cargo build --release --quiet --bin stoa
 
 tmp=$(mktemp -d /tmp/stoa-bench.XXXXXX)
@@ -48,9 +50,24 @@ run() {
     echo "$w $r"
 }
 
-read -r sw sr < <(run "$tmp/mnt")
-read -r lw lr < <(run "$tmp/local")
-printf '%-28s %10s %10s\n' "sequential, ${size_mib} MiB" "write MiB/s" "read MiB/s"
-printf '%-28s %10s %10s\n' "stoa (3 meta, 3 chunk, r3)" "$sw" "$sr"
-printf '%-28s %10s %10s\n' "local disk (1 copy)" "$lw" "$lr"
+# Runs alternate between the mount and the local disk, so drift falls on both alike.
+stoa_runs=() local_runs=()
+for i in $(seq "$reps"); do
+    echo "seq.sh: run $i of $reps" >&2
+    stoa_runs+=("$(run "$tmp/mnt")")
+    local_runs+=("$(run "$tmp/local")")
+done
+# median WHICH RUNS...: the median write (WHICH=1) or read (2) figure.
+median() {
+    local which=$1
+    shift
+    printf '%s\n' "$@" | cut -d' ' -f"$which" | python3 -c "
+import statistics, sys
+print(f'{statistics.median(float(x) for x in sys.stdin):.0f}')"
+}
+sw=$(median 1 "${stoa_runs[@]}") sr=$(median 2 "${stoa_runs[@]}")
+lw=$(median 1 "${local_runs[@]}") lr=$(median 2 "${local_runs[@]}")
+printf '%-28s %10s %10s   (median of %s)\n' "sequential, ${size_mib} MiB" "write MiB/s" "read MiB/s" "$reps"
+printf '%-28s %10s %10s   runs: %s\n' "stoa (3 meta, 3 chunk, r3)" "$sw" "$sr" "$(IFS=,; echo "${stoa_runs[*]}")"
+printf '%-28s %10s %10s   runs: %s\n' "local disk (1 copy)" "$lw" "$lr" "$(IFS=,; echo "${local_runs[*]}")"
 python3 -c "print(f'stoa / local: write {$sw/$lw:.2f}, read {$sr/$lr:.2f}')"
