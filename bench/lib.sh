@@ -60,3 +60,13 @@ stoa_up() {
     on_exit "stop_pid $STOA_DEV_PID; fusermount3 -uz '$mnt'"
     wait_mount "$mnt" 120 || { tail -20 "$dir.log" >&2; return 1; }
 }
+
+# bench_setup NAME: builds stoa, makes a temp dir under /var/tmp that goes at exit (sets
+# `tmp`) and the results dir (sets `out`).
+bench_setup() {
+    cargo build --release --quiet --bin stoa
+    tmp=$(mktemp -d "/var/tmp/stoa-$1.XXXXXX")
+    on_exit "rm -rf '$tmp'"
+    out=bench/results
+    mkdir -p "$out"
+}

@@ -24,12 +24,7 @@ while [ $# -gt 0 ]; do
         *) echo "usage: bench/meta.sh [--files N] [--dirs N] [--study-ops N] [--reps N] [--readdir N] [--churn SECS] [--quick]" >&2; exit 2 ;;
     esac
 done
-cargo build --release --quiet --bin stoa
-
-tmp=$(mktemp -d /var/tmp/stoa-meta-bench.XXXXXX)
-on_exit "rm -rf '$tmp'"
-out=bench/results
-mkdir -p "$out"
+bench_setup meta-bench
 
 say "starting stoa dev: 3 meta + 3 chunk, and 1 meta + 3 chunk"
 stoa_up "$tmp/r3" "$tmp/m3" 3 3

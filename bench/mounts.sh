@@ -24,12 +24,7 @@ while [ $# -gt 0 ]; do
         *) echo "usage: bench/mounts.sh [--reps N] [--rounds N] [--quick]" >&2; exit 2 ;;
     esac
 done
-cargo build --release --quiet --bin stoa
-
-tmp=$(mktemp -d /var/tmp/stoa-mounts-bench.XXXXXX)
-on_exit "rm -rf '$tmp'"
-out=bench/results
-mkdir -p "$out"
+bench_setup mounts-bench
 
 say "starting stoa dev: 3 meta + 3 chunk, mount A"
 stoa_up "$tmp/cluster" "$tmp/a" 3 3

@@ -36,12 +36,7 @@ while [ $# -gt 0 ]; do
 done
 need_apt fio python3-matplotlib bindfs glusterfs-server glusterfs-client \
     moosefs-master moosefs-chunkserver moosefs-client moosefs-cli
-cargo build --release --quiet --bin stoa
-
-tmp=$(mktemp -d /var/tmp/stoa-peers.XXXXXX)
-on_exit "rm -rf '$tmp'"
-out=bench/results
-mkdir -p "$out"
+bench_setup peers
 # Written as it goes, outside the temporary directory, so a failed run keeps its figures.
 csv=$out/peers.csv.partial
 echo "system,key,label,unit,median,reps,values,loadavg,notes" >"$csv"

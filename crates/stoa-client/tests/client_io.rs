@@ -30,6 +30,16 @@ async fn new_file(client: &Client, name: &[u8]) -> InodeId {
     client.create(InodeId::ROOT, name, FileKind::File, 0o644, ROOT_OWNER, 0).await.unwrap().ino
 }
 
+/// Waits (at most 30 s) until meta knows `ino` open by no session: the last close's
+/// release leaves in the background.
+async fn wait_released(cluster: &FakeCluster, ino: InodeId) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while cluster.state.lock().unwrap().opens.contains(&ino.0) {
+        assert!(std::time::Instant::now() < deadline, "the release never reached meta");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn written_data_reads_back_across_chunk_boundaries() {
     let (_cluster, client) = setup().await;
@@ -215,11 +225,7 @@ async fn a_file_opened_again_reads_under_its_cap_without_asking_meta_for_the_siz
     client.write(fh, 0, &data).await.unwrap();
     client.fsync(fh).await.unwrap();
     client.release(fh).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while cluster.state.lock().unwrap().opens.contains(&ino.0) {
-        assert!(std::time::Instant::now() < deadline, "the release never reached meta");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    wait_released(&cluster, ino).await;
     let asked = cluster.state.lock().unwrap().getattr_calls;
     let fh = client.open(ino).await.unwrap();
     assert_eq!(client.read(fh, 0, 64 * 1024).await.unwrap(), data);
@@ -250,13 +256,6 @@ async fn a_file_opened_and_closed_in_a_loop_stays_open_at_meta_while_a_handle_is
     let (cluster, client) = setup().await;
     let ino = new_file(&client, b"looped").await;
     let released = || !cluster.state.lock().unwrap().opens.contains(&ino.0);
-    let wait_released = || async {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !released() {
-            assert!(std::time::Instant::now() < deadline, "the release never reached meta");
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-    };
     for round in 0..200u32 {
         let fh = client.open(ino).await.unwrap();
         // Whether the last release was taken back or had left, meta has the file open
@@ -265,12 +264,12 @@ async fn a_file_opened_and_closed_in_a_loop_stays_open_at_meta_while_a_handle_is
         if round % 50 == 49 {
             // Let a release leave now and then, so the next open must reach meta.
             client.release(fh).await.unwrap();
-            wait_released().await;
+            wait_released(&cluster, ino).await;
         } else {
             client.release(fh).await.unwrap();
         }
     }
-    wait_released().await;
+    wait_released(&cluster, ino).await;
     let calls = cluster.state.lock().unwrap().open_calls;
     assert!((4..=200).contains(&calls), "{calls} opens reached meta");
 }
