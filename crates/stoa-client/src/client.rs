@@ -345,10 +345,7 @@ impl Client {
         );
         // Nothing is fetched ahead without a cap: it could not be dropped on a change.
         let (ahead, capped) = match access {
-            Access::Capped { .. } => {
-                self.learn_capped_size(&handle.file);
-                (ahead, true)
-            }
+            Access::Capped { .. } => (ahead, true),
             Access::Uncapped { .. } => (0..0, false),
         };
         handle.file.read(&self.sh, offset, len, ahead, capped).await
@@ -452,20 +449,6 @@ impl Client {
             Err(e) => return Err(e),
         }
         flushed
-    }
-
-    /// Gives a file state that knows no size (made anew for an open or a read after
-    /// the last one went: the kernel forgot the inode, or its last handle closed) the
-    /// size cached with the cap, so a read under the cap does not ask meta. That size is
-    /// what `stat` answers: a change by another session recalls the cap first, and this
-    /// client's own commits update it.
-    fn learn_capped_size(&self, file: &FileState) {
-        if file.lock().size().is_some() {
-            return;
-        }
-        if let Some((attr, _)) = self.sh.caps.cached_attr(file.ino) {
-            file.lock().learn(&attr);
-        }
     }
 
     /// Corrects attributes from meta with what this client knows better: the size of a

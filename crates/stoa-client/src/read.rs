@@ -115,7 +115,9 @@ impl FileState {
     /// The file size, asking meta when this client knows none, or when the read reaches
     /// past it without a cap (another client may have written further meanwhile). Under
     /// a cap no other client changes the size without recalling it first, and the size
-    /// known was learnt from the grant or after it (a grant updates an open file's).
+    /// known was learnt from the grant or after it (a grant updates an open file's). A
+    /// file state made anew under a cap (the kernel forgot the inode, or its last handle
+    /// closed) takes the size cached with the cap, the one `stat` answers.
     async fn size_for_read(
         &self,
         sh: &Shared,
@@ -124,6 +126,11 @@ impl FileState {
     ) -> Result<u64, FsError> {
         if let Some(size) = self.lock().size().filter(|&s| capped || want_end <= s) {
             return Ok(size);
+        }
+        if let Some((attr, _)) = capped.then(|| sh.caps.cached_attr(self.ino)).flatten() {
+            let mut inner = self.lock();
+            inner.learn(&attr);
+            return Ok(inner.size_of(&attr));
         }
         let attr = sh.session.call_attr(MetaOp::GetAttr { ino: self.ino }).await?;
         let mut inner = self.lock();
