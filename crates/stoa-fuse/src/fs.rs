@@ -197,6 +197,30 @@ pub(crate) fn fail(what: &str, e: &FsError) -> Errno {
     errno(e)
 }
 
+/// Has the kernel drop `parent`/`name`, which it may hold for file `ino` that now has
+/// another name, then lets the file have the other name (`names.rs`). On a thread of
+/// its own: the kernel takes the directory's lock for it, which a rename holds until
+/// the lookup now answered `ESTALE` returns and the rename fails or retries.
+fn drop_old_name(
+    kernel: Kernel,
+    names: Arc<KernelNames>,
+    (parent, name): (u64, Vec<u8>),
+    ino: u64,
+) {
+    tokio::task::spawn_blocking(move || {
+        if let Some(kernel) = kernel.get() {
+            if let Err(e) = kernel.inval_entry(INodeNo(parent), OsStr::from_bytes(&name)) {
+                // ENOENT: the kernel does not hold the name.
+                tracing::debug!(
+                    "dropping the kernel's entry {parent}/{:?}: {e}",
+                    OsStr::from_bytes(&name)
+                );
+            }
+        }
+        names.dropped(parent, &name, Some(ino));
+    });
+}
+
 /// Answers with a new entry. The kernel may cache it only when this client made it
 /// itself, under exclusive caps on the directory and the new inode (which a recall
 /// drops); otherwise its next lookup asks, and gets a cap.
@@ -286,7 +310,7 @@ impl Filesystem for StoaFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let (name, names) = (bytes(name), self.names.clone());
+        let (name, names, kernel) = (bytes(name), self.names.clone(), self.kernel.clone());
         self.spawn(|c| async move {
             match c.lookup_cached(ino(parent), &name).await {
                 Ok((attr, ttl, pin)) => match names.give(parent.0, &name, &attr) {
@@ -297,13 +321,19 @@ impl Filesystem for StoaFs {
                     // The kernel may hold this file under its old name, which another
                     // mount renamed away: it must not see both (see `names`). Its walk
                     // again asks for the old name, which this client no longer answers
-                    // from its cache.
+                    // from its cache, and the kernel is told to drop that name.
                     Some((old_parent, old_name)) => {
                         c.forget_cached_name(InodeId(old_parent), &old_name);
+                        drop_old_name(kernel, names, (old_parent, old_name), attr.ino.0);
                         reply.error(Errno::ESTALE);
                     }
                 },
-                Err(e) => reply.error(fail("lookup", &e)),
+                Err(e) => {
+                    if matches!(e, FsError::NotFound) {
+                        names.dropped(parent.0, &name, None);
+                    }
+                    reply.error(fail("lookup", &e));
+                }
             }
         });
     }

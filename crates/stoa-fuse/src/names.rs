@@ -8,9 +8,13 @@
 //! success without asking the filesystem. Two mounts renaming one name at once then
 //! both succeeded (the fault runs' "stale entry cache across mounts"). So a lookup that
 //! finds a file with one link under another name than the kernel may hold it answers
-//! `ESTALE`: the kernel walks the path once more with `LOOKUP_REVAL`, which asks for
-//! every name again, and by then this mount no longer answers the old name from its
-//! cache.
+//! `ESTALE`, and keeps answering it until the kernel no longer holds the old name: the
+//! mount has the kernel drop it (`fs.rs`), and a lookup of the old name that finds
+//! nothing or another file ends it too. Moving the record at the first `ESTALE` was not
+//! enough when the kernel had the new name cached as well (a rename onto an existing
+//! file): the `ESTALE` then only failed the new name's revalidation, the kernel looked
+//! it up again at once within the same rename, got the file, and both mounts' renames
+//! succeeded.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -45,8 +49,8 @@ impl Names {
 impl KernelNames {
     /// Records that the kernel gets `attr` under `parent`/`name`. Returns the other name
     /// the kernel may still hold the same file under, if it has only one link: the
-    /// caller must not give it this name then (the record moves here all the same, so
-    /// the kernel's retry gets it).
+    /// caller must not give it this name then, and has the kernel drop the old one
+    /// ([`KernelNames::dropped`] once it has).
     pub fn give(&self, parent: u64, name: &[u8], attr: &Attr) -> Option<(u64, Vec<u8>)> {
         let mut n = self.lock();
         let ino = attr.ino.0;
@@ -56,16 +60,28 @@ impl KernelNames {
             n.unlink(ino);
             return None;
         }
-        // The common case, a name looked up again, costs no allocation.
-        if n.by_ino.get(&ino).is_some_and(|(p, known)| *p == parent && known == name) {
-            return None;
+        if let Some((p, known)) = n.by_ino.get(&ino) {
+            // The common case, a name looked up again, costs no allocation.
+            if *p == parent && known == name {
+                return None;
+            }
+            return Some((*p, known.clone()));
         }
         let here = (parent, name.to_vec());
         n.unname(&here);
-        let before = n.unlink(ino);
         n.by_name.insert(here.clone(), ino);
         n.by_ino.insert(ino, here);
-        before
+        None
+    }
+
+    /// The kernel no longer holds `parent`/`name` for `ino`: it dropped the name when
+    /// told to, or a lookup of the name found nothing or another file.
+    pub fn dropped(&self, parent: u64, name: &[u8], ino: Option<u64>) {
+        let mut n = self.lock();
+        let here = (parent, name.to_vec());
+        if ino.is_none_or(|ino| n.by_name.get(&here) == Some(&ino)) {
+            n.unname(&here);
+        }
     }
 
     /// This mount renamed `from` to `to` (the kernel moves its entry).
@@ -123,12 +139,20 @@ mod tests {
         let x = attr(7, FileKind::File, 1);
         assert_eq!(names.give(1, b"a", &x), None);
         assert_eq!(names.give(1, b"a", &x), None, "the same name again");
-        // Another mount renamed a to b: the kernel may still hold a.
+        // Another mount renamed a to b: the kernel may still hold a, until it drops it.
         assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())));
-        assert_eq!(names.give(1, b"b", &x), None, "the retry gets it");
+        assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())), "still held");
+        names.dropped(1, b"a", Some(8));
+        assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())), "another file's drop");
+        names.dropped(1, b"a", Some(7));
+        assert_eq!(names.give(1, b"b", &x), None, "dropped: the new name is given");
         // Another file now under a: no conflict, and b's record is untouched.
         assert_eq!(names.give(1, b"a", &attr(8, FileKind::File, 1)), None);
         assert_eq!(names.give(1, b"b", &x), None);
+        // A lookup of a that finds nothing ends it as well.
+        names.dropped(1, b"a", None);
+        names.give(1, b"c", &attr(8, FileKind::File, 1));
+        assert_eq!(names.give(1, b"c", &attr(8, FileKind::File, 1)), None);
     }
 
     #[test]

@@ -476,28 +476,31 @@ impl State {
 /// lease also lets a session that never polls (a tool, a test) still act before its
 /// session expires.
 pub(crate) async fn await_grace(node: &Node) -> Result<(), FsError> {
-    let lease = node.raft.session_lease() * 3 / 4;
-    loop {
-        let elected = {
-            let s = node.caps.lock();
-            // Until the table restarted for this term, it may be an earlier term's.
-            if !s.grace && s.term == node.raft.view().term {
-                return Ok(());
-            }
-            s.elected
-        };
-        let sessions = node.raft.read(stoa_meta::sessions).await?;
-        {
-            let mut s = node.caps.lock();
-            let all_known =
-                sessions.iter().all(|id| s.streams.get(id).is_some_and(|stream| stream.known));
-            if all_known || elected.elapsed() >= lease {
-                s.grace = false;
-                return Ok(());
-            }
-        }
+    while !grace_over(node).await? {
         tokio::time::sleep(GRACE_RECHECK).await;
     }
+    Ok(())
+}
+
+/// Whether the grace period of [`await_grace`] is over (it ends here if it may).
+async fn grace_over(node: &Node) -> Result<bool, FsError> {
+    let lease = node.raft.session_lease() * 3 / 4;
+    let elected = {
+        let s = node.caps.lock();
+        // Until the table restarted for this term, it may be an earlier term's.
+        if !s.grace && s.term == node.raft.view().term {
+            return Ok(true);
+        }
+        s.elected
+    };
+    let sessions = node.raft.read(stoa_meta::sessions).await?;
+    let mut s = node.caps.lock();
+    let all_known = sessions.iter().all(|id| s.streams.get(id).is_some_and(|stream| stream.known));
+    if all_known || elected.elapsed() >= lease {
+        s.grace = false;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Who waits for a recall: the session of the call and the inodes the call works on.
@@ -664,7 +667,9 @@ pub(crate) fn parents(op: &MetaOp) -> Vec<InodeId> {
                     vec![*parent]
                 }
                 BatchOp::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
-                BatchOp::Open { .. } | BatchOp::Release { .. } => vec![],
+                BatchOp::Open { .. } | BatchOp::Release { .. } | BatchOp::CommitWrite { .. } => {
+                    vec![]
+                }
             })
             .collect(),
         _ => vec![],
@@ -697,11 +702,19 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
                 BatchOp::Rename { parent, name, new_parent, new_name, .. } => {
                     vec![(*parent, name.clone()), (*new_parent, new_name.clone())]
                 }
-                BatchOp::Create { .. } | BatchOp::Open { .. } | BatchOp::Release { .. } => {
-                    vec![]
-                }
+                BatchOp::Create { .. }
+                | BatchOp::Open { .. }
+                | BatchOp::Release { .. }
+                | BatchOp::CommitWrite { .. } => vec![],
             });
-            (vec![], named.collect())
+            // A commit is sent in a batch only for a file the session holds alone: the
+            // recall finds nobody else then, but a client that breaks that rule still
+            // gets no other session's cache stale.
+            let committed = ops.iter().filter_map(|op| match op {
+                BatchOp::CommitWrite { ino, .. } => Some(*ino),
+                _ => None,
+            });
+            (committed.collect(), named.collect())
         }
         _ => (vec![], vec![]),
     };
@@ -759,15 +772,19 @@ pub(crate) async fn recall_exclusive(
 }
 
 /// Answers `TakeDir`: an exclusive cap on directory `ino` and its listing, or `None` when
-/// another session holds a cap on it, a mutation is changing it, or it has more than
-/// `limit` entries.
+/// another session holds a cap on it, a mutation is changing it, it has more than
+/// `limit` entries, or this leader is in its grace period. A refusal costs the client
+/// nothing (it makes its changes through meta, which waits for the grace itself), so
+/// `TakeDir` never waits, and the client gives it a short timeout.
 pub(crate) async fn take_dir(
     node: &Node,
     session: SessionId,
     ino: InodeId,
     limit: u32,
 ) -> Result<MetaResponse, FsError> {
-    await_grace(node).await?;
+    if !grace_over(node).await? {
+        return Ok(MetaResponse::Dir(None));
+    }
     let Some(seq) = node.caps.take_dir(session, ino) else {
         return Ok(MetaResponse::Dir(None));
     };

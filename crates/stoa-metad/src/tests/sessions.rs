@@ -80,3 +80,36 @@ async fn a_follower_reads_its_own_store_after_a_read_index() {
     };
     assert!(index > 20, "read index {index} is behind the 20 creates");
 }
+
+/// A new leader refuses `TakeDir` at once while a session may still use caps granted by
+/// the old leader (its grace period), instead of holding the call until the grace ends:
+/// the client makes its changes through meta meanwhile. Once the grace is over, the
+/// directory is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_refuses_take_dir_in_its_grace_period_without_waiting() {
+    let mut cluster = Cluster::start(3, Tuning { session_lease_ms: 8000, ..test_tuning() }).await;
+    let old = cluster.leader().await;
+    let client = cluster.client_all();
+    let session = open_session(&client).await;
+    cluster.stop(old).await;
+    cluster.leader().await;
+    let take = || req(session, 0, MetaOp::TakeDir { ino: InodeId::ROOT, limit: 100 });
+    // The session never polls, so the grace lasts three quarters of its lease (6 s):
+    // an answer that waited for it would be a grant.
+    let first = client.call_leader(take(), Duration::from_secs(15)).await.unwrap();
+    assert_eq!(first, MetaResponse::Dir(None), "refused during the grace period");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        renew(&client, session).await.unwrap();
+        match client.call_leader(take(), Duration::from_secs(15)).await.unwrap() {
+            MetaResponse::Dir(Some(grant)) => {
+                assert_eq!(grant.attr.ino, InodeId::ROOT);
+                break;
+            }
+            MetaResponse::Dir(None) => {}
+            other => panic!("TakeDir answered {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "never granted after the grace period");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
