@@ -417,31 +417,6 @@ impl Caps {
         Some(generation)
     }
 
-    /// Records a size commit this client makes itself of file `ino`, held exclusively
-    /// with its attributes under caps generation `generation`: the size grows to `size`
-    /// and mtime and ctime become `at`, as meta makes them when the commit applies.
-    /// Returns the new attributes, or `None` (nothing recorded) when the cap is not usable
-    /// or not exclusive, or the caps moved on to another generation.
-    pub fn record_commit(
-        &self,
-        ino: InodeId,
-        (size, at): (u64, Timestamp),
-        generation: u64,
-    ) -> Option<Attr> {
-        let mut t = self.lock();
-        Caps::remaining(&t)?;
-        if t.generation != generation {
-            return None;
-        }
-        let h = t.held.get_mut(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
-        let attr = h.attr.as_mut().filter(|a| a.kind == FileKind::File)?;
-        attr.size = attr.size.max(size);
-        attr.mtime = at;
-        attr.ctime = at;
-        attr.version += 1;
-        Some(attr.clone())
-    }
-
     /// Records a rename this client made itself of `child` from `from` to `to`, both
     /// in directories it holds with their listings, over `replaced` (with whether its
     /// cap is kept, see [`Change::Removed`]). Returns the caps generation, or `None`

@@ -9,11 +9,6 @@
 //!        yes --> name free in the listing? --> reserved inode number --> record the
 //!                change (listing, attributes, a cap on the new inode) --> queue --> answer
 //!  unlink / rmdir in D --> the child is held exclusively and known whole? --> same
-//!  opens and last closes of files held exclusively --> queue
-//!
-//!  size commits of files held exclusively (file.rs) --> commit queue --> Batch, after
-//!  the namespace changes queued before each (a new file's create comes first); nothing
-//!  else waits for them but the file's own fsync, recall and close-then-forget
 //!
 //!  sender: queue --> Batch (one log entry, each change alone) --> answers --> backlog done
 //!  every other meta call waits for the backlog queued before it (session.rs), and a
@@ -28,7 +23,7 @@
 use crate::caps::Change;
 use crate::client::{Client, Shared};
 use crate::namespace::Owner;
-use crate::session::{unexpected, Backlog};
+use crate::session::unexpected;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -61,11 +56,6 @@ const TAKE_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Default)]
 pub(crate) struct DirOps {
     queue: Mutex<Queue>,
-    /// Size commits, sent in batches of their own: a namespace change, a recall or
-    /// another meta call never waits for them, only a call on the file itself does.
-    commits: Mutex<Queue>,
-    /// Counts the queued commits and those meta answered.
-    pub commit_log: Backlog,
     /// The reserved inode numbers not used yet, and the session they belong to.
     inodes: tokio::sync::Mutex<(SessionId, Range<u64>)>,
     /// Directories meta would not give this client lately.
@@ -113,10 +103,8 @@ struct Queue {
 }
 
 struct Queued {
-    /// Its number in its queue's backlog.
+    /// Its number in the session's backlog.
     number: u64,
-    /// A commit goes after the namespace changes up to this number (0: no wait).
-    after: u64,
     op: BatchOp,
     /// The caps generation it was made under; `None` for a release, which needs no cap.
     generation: Option<u64>,
@@ -431,66 +419,33 @@ impl Client {
     }
 }
 
-/// The two queues of changes: namespace changes (with opens and releases), and size
-/// commits.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Lane {
-    Namespace,
-    Commits,
-}
-
-impl Lane {
-    fn parts(self, sh: &Shared) -> (&Mutex<Queue>, &Backlog) {
-        match self {
-            Lane::Namespace => (&sh.dirops.queue, &sh.session.backlog),
-            Lane::Commits => (&sh.dirops.commits, &sh.dirops.commit_log),
-        }
-    }
-}
-
-/// Queues namespace change `op` for meta and starts a sender if none runs; returns its
-/// backlog number.
+/// Queues `op` for meta and starts a sender if none runs; returns its backlog number.
 fn queue(sh: &Arc<Shared>, op: BatchOp, generation: Option<u64>) -> u64 {
-    enqueue(sh, Lane::Namespace, op, generation)
-}
-
-/// Queues size commit `op`, made under caps generation `generation`, after every
-/// namespace change queued so far; returns its number in the commit log.
-pub(crate) fn queue_commit(sh: &Arc<Shared>, op: BatchOp, generation: u64) -> u64 {
-    enqueue(sh, Lane::Commits, op, Some(generation))
-}
-
-fn enqueue(sh: &Arc<Shared>, lane: Lane, op: BatchOp, generation: Option<u64>) -> u64 {
-    let (queue, log) = lane.parts(sh);
-    let mut q = queue.lock().expect("dirops queue lock poisoned");
-    let after = match lane {
-        Lane::Namespace => 0,
-        Lane::Commits => sh.session.backlog.queued(),
-    };
+    let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
     // Numbered under the queue's lock, so numbers follow the queue's order.
-    let number = log.queue();
-    q.ops.push(Queued { number, after, op, generation, cancelled: false });
+    let number = sh.session.backlog.queue();
+    q.ops.push(Queued { number, op, generation, cancelled: false });
     if !std::mem::replace(&mut q.sending, true) {
-        tokio::spawn(send(sh.clone(), lane));
+        tokio::spawn(send(sh.clone()));
     }
     number
 }
 
-/// Sends a lane's queued changes in batches, one batch at a time, until its queue is
-/// empty. A short batch waits a moment for more (one Raft entry and one apply serve
-/// them all), unless a call is waiting for the lane's backlog.
-async fn send(sh: Arc<Shared>, lane: Lane) {
-    let (queue, log) = lane.parts(&sh);
+/// Sends queued changes in batches, one batch at a time, until the queue is empty. A
+/// short batch waits a moment for more (one Raft entry and one apply serve them all),
+/// unless a call is waiting for the backlog.
+async fn send(sh: Arc<Shared>) {
     loop {
-        let short = queue.lock().expect("dirops queue lock poisoned").ops.len() < GATHER_OPS;
-        if short && !log.is_urgent() {
+        let short =
+            sh.dirops.queue.lock().expect("dirops queue lock poisoned").ops.len() < GATHER_OPS;
+        if short && !sh.session.backlog.is_urgent() {
             tokio::select! {
                 () = tokio::time::sleep(GATHER_WAIT) => {}
-                () = log.hurry.notified() => {}
+                () = sh.session.backlog.hurry.notified() => {}
             }
         }
         let batch: Vec<Queued> = {
-            let mut q = queue.lock().expect("dirops queue lock poisoned");
+            let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
             if q.ops.is_empty() {
                 q.sending = false;
                 return;
@@ -499,9 +454,6 @@ async fn send(sh: Arc<Shared>, lane: Lane) {
             q.ops.drain(..n).collect()
         };
         let last = batch.last().map_or(0, |q| q.number);
-        // A file's create, answered locally, reaches meta before its size.
-        let after = batch.iter().map(|q| q.after).max().unwrap_or(0);
-        sh.session.backlog.wait(after).await;
         let batch = batch.into_iter().filter(|q| !q.cancelled);
         // Changes made under caps that lapsed since are never sent: another client may
         // hold those directories now (fencing, as for buffered writes).
@@ -532,7 +484,7 @@ async fn send(sh: Arc<Shared>, lane: Lane) {
                 }
             }
         }
-        log.done(last);
+        sh.session.backlog.done(last);
     }
 }
 
@@ -540,14 +492,7 @@ async fn send(sh: Arc<Shared>, lane: Lane) {
 /// listing of its directory may be wrong now, the next fsync there reports the loss, and
 /// a file whose create was refused fails its handles.
 fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
-    if let (BatchOp::CommitWrite { ino, .. }, FsError::NotFound) = (op, e) {
-        // The file's last name went and its last handle closed before its size
-        // reached meta (the commit does not wait for the release and unlink queued
-        // after it): nobody can read it any more.
-        tracing::debug!("the size commit of inode {ino} found it gone");
-        return;
-    }
-    tracing::error!("a change this client had answered was lost: {op:?}: {e}");
+    tracing::error!("a namespace change this client had answered was lost: {op:?}: {e}");
     let lost = |dir: InodeId| {
         sh.dirops.lost.lock().expect("lost lock poisoned").record(dir);
         sh.caps.drop_listing(dir);
@@ -569,14 +514,6 @@ fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
         BatchOp::Open { ino } => {
             if let Some(file) = sh.open_file(*ino) {
                 file.lock().fail(FsError::Io(format!("meta refused the open of inode {ino}: {e}")));
-            }
-        }
-        BatchOp::CommitWrite { ino, .. } => {
-            // The cap's attributes show the size meta does not have.
-            sh.caps.forget(&[*ino], &[]);
-            if let Some(file) = sh.open_file(*ino) {
-                file.lock()
-                    .fail(FsError::Io(format!("meta refused the size commit of inode {ino}: {e}")));
             }
         }
         BatchOp::Release { .. } => {}

@@ -204,11 +204,6 @@ impl Backlog {
         self.queued.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    /// The number of the last change queued.
-    pub fn queued(&self) -> u64 {
-        self.queued.load(Ordering::Acquire)
-    }
-
     /// Every change up to number `upto` has its answer.
     pub fn done(&self, upto: u64) {
         self.done.fetch_max(upto, Ordering::AcqRel);

@@ -667,9 +667,7 @@ pub(crate) fn parents(op: &MetaOp) -> Vec<InodeId> {
                     vec![*parent]
                 }
                 BatchOp::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
-                BatchOp::Open { .. } | BatchOp::Release { .. } | BatchOp::CommitWrite { .. } => {
-                    vec![]
-                }
+                BatchOp::Open { .. } | BatchOp::Release { .. } => vec![],
             })
             .collect(),
         _ => vec![],
@@ -702,19 +700,11 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
                 BatchOp::Rename { parent, name, new_parent, new_name, .. } => {
                     vec![(*parent, name.clone()), (*new_parent, new_name.clone())]
                 }
-                BatchOp::Create { .. }
-                | BatchOp::Open { .. }
-                | BatchOp::Release { .. }
-                | BatchOp::CommitWrite { .. } => vec![],
+                BatchOp::Create { .. } | BatchOp::Open { .. } | BatchOp::Release { .. } => {
+                    vec![]
+                }
             });
-            // A commit is sent in a batch only for a file the session holds alone: the
-            // recall finds nobody else then, but a client that breaks that rule still
-            // gets no other session's cache stale.
-            let committed = ops.iter().filter_map(|op| match op {
-                BatchOp::CommitWrite { ino, .. } => Some(*ino),
-                _ => None,
-            });
-            (committed.collect(), named.collect())
+            (vec![], named.collect())
         }
         _ => (vec![], vec![]),
     };

@@ -308,10 +308,6 @@ pub enum BatchOp {
     /// whose one name lies in a directory the session holds exclusively, so that no
     /// other session can take that name before the batch applies.
     Open { ino: InodeId },
-    /// Data up to `size` of file `ino` is written, as [`MetaOp::CommitWrite`], at `at`
-    /// (when the client's chunk writes finished; the mtime and ctime it shows): sent in
-    /// a batch only for a file the session holds exclusively.
-    CommitWrite { ino: InodeId, size: u64, at: Timestamp },
 }
 
 /// A directory taken by [`MetaOp::TakeDir`]: its attributes, the grant's sequence

@@ -35,9 +35,6 @@ pub struct State {
     pub chunk_writes: u64,
     /// `GetAttr` calls answered.
     pub getattr_calls: u64,
-    /// Size commits answered: `CommitWrite` calls, and commits carried in batches.
-    pub commit_calls: u64,
-    pub batched_commits: u64,
     answered: HashMap<(u64, u64), Reply>,
     next_ino: u64,
     cap_seq: u64,
@@ -120,14 +117,7 @@ impl stoa_net::Handler for Handler {
                 (self.meta(m), Bytes::new())
             }
             Request::Meta(m) => {
-                let commits = match &m.op {
-                    MetaOp::CommitWrite { .. } => true,
-                    MetaOp::Batch { ops } => {
-                        ops.iter().any(|op| matches!(op, BatchOp::CommitWrite { .. }))
-                    }
-                    _ => false,
-                };
-                if commits {
+                if matches!(m.op, MetaOp::CommitWrite { .. }) {
                     while self.hold_commits.load(Ordering::SeqCst) {
                         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                     }
@@ -201,7 +191,6 @@ impl Handler {
                 if let Some(perm) = set.perm {
                     a.perm = perm;
                 }
-                a.version += 1;
                 MetaResponse::Attr(a.clone())
             }
             MetaOp::Create { parent, name, kind, perm, .. } => {
@@ -272,10 +261,8 @@ impl Handler {
                 MetaResponse::Entries { entries, more }
             }
             MetaOp::CommitWrite { ino, size } => {
-                st.commit_calls += 1;
                 let a = st.attrs.get_mut(&ino.0).ok_or(FsError::NotFound)?;
                 a.size = a.size.max(size);
-                a.version += 1;
                 MetaResponse::Attr(a.clone())
             }
             MetaOp::RenewSession => MetaResponse::Renewed { leader: None },
@@ -329,13 +316,6 @@ impl Handler {
                     .map(|op| match op {
                         BatchOp::Release { ino } => {
                             self.apply(st, MetaOp::Release { ino }).map(drop)
-                        }
-                        BatchOp::CommitWrite { ino, size, .. } => {
-                            st.batched_commits += 1;
-                            let a = st.attrs.get_mut(&ino.0).ok_or(FsError::NotFound)?;
-                            a.size = a.size.max(size);
-                            a.version += 1;
-                            Ok(())
                         }
                         _ => Err(FsError::NotSupported),
                     })

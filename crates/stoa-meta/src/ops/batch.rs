@@ -148,9 +148,6 @@ fn apply_one(
         }
         BatchOp::Release { ino } => super::session::release(kv, session, *ino, now).map(drop),
         BatchOp::Open { ino } => super::session::open_file(kv, session, *ino).map(drop),
-        BatchOp::CommitWrite { ino, size, at } => {
-            super::setattr::commit_write(kv, *ino, *size, *at).map(drop)
-        }
     }
 }
 
@@ -318,28 +315,5 @@ mod tests {
         }
         let too_many = vec![BatchOp::Release { ino: first }; BATCH_OPS_MAX + 1];
         assert!(matches!(fs.call(MetaOp::Batch { ops: too_many }), Err(FsError::Invalid(_))));
-    }
-
-    #[test]
-    fn a_batched_commit_grows_the_file_as_of_the_clients_time_in_order_with_the_create() {
-        let mut fs = Fs::new();
-        let first = reserve(&mut fs, 4);
-        let (made, written) =
-            (Timestamp { secs: 100, nanos: 1 }, Timestamp { secs: 101, nanos: 2 });
-        let commit = |size| BatchOp::CommitWrite { ino: first, size, at: written };
-        let ops = vec![file(first, ROOT, "f", made), commit(4096), commit(10)];
-        assert_eq!(run(&mut fs, ops), vec![Ok(()), Ok(()), Ok(())]);
-        let attr = fs.getattr(first).unwrap();
-        // One version per change, as the client that holds the file counts them.
-        assert_eq!((attr.size, attr.mtime, attr.ctime, attr.version), (4096, written, written, 3));
-        // A commit of a file that is gone, or of a directory, fails alone.
-        let d = fs.mkdir(ROOT, "d").unwrap().ino;
-        let gone = BatchOp::CommitWrite { ino: InodeId(first.0 + 3), size: 1, at: written };
-        let dir = BatchOp::CommitWrite { ino: d, size: 1, at: written };
-        assert_eq!(
-            run(&mut fs, vec![gone, dir, commit(8192)]),
-            vec![Err(FsError::NotFound), Err(FsError::IsDir), Ok(())]
-        );
-        assert_eq!(fs.getattr(first).unwrap().size, 8192);
     }
 }
