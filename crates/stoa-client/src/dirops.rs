@@ -358,17 +358,13 @@ impl Client {
         }
         // A grant whose answer never came stays registered at meta like any lost answer:
         // this client acks its recall when another wants the directory.
-        let taken = match tokio::time::timeout(TAKE_TIMEOUT, self.take(dir)).await {
-            Ok(Ok(taken)) => taken,
-            Ok(Err(e)) => {
-                tracing::debug!("taking directory {dir} with its listing: {e}");
-                false
-            }
-            Err(_) => {
-                tracing::debug!("taking directory {dir} with its listing: no answer in time");
-                false
-            }
-        };
+        let taken = tokio::time::timeout(TAKE_TIMEOUT, self.take(dir))
+            .await
+            .unwrap_or_else(|_| Err(FsError::Unavailable("no answer in time".into())));
+        let taken = taken.unwrap_or_else(|e| {
+            tracing::debug!("taking directory {dir} with its listing: {e}");
+            false
+        });
         if !taken {
             let mut refused = self.sh.dirops.refused.lock().expect("refused lock poisoned");
             refused.insert(dir, Instant::now());

@@ -217,7 +217,7 @@ fn drop_old_name(
                 );
             }
         }
-        names.dropped(parent, &name, Some(ino));
+        names.dropped(parent, &name, ino);
     });
 }
 
@@ -330,7 +330,7 @@ impl Filesystem for StoaFs {
                 },
                 Err(e) => {
                     if matches!(e, FsError::NotFound) {
-                        names.dropped(parent.0, &name, None);
+                        names.removed(parent.0, &name);
                     }
                     reply.error(fail("lookup", &e));
                 }

@@ -74,12 +74,12 @@ impl KernelNames {
         None
     }
 
-    /// The kernel no longer holds `parent`/`name` for `ino`: it dropped the name when
-    /// told to, or a lookup of the name found nothing or another file.
-    pub fn dropped(&self, parent: u64, name: &[u8], ino: Option<u64>) {
+    /// The kernel dropped `parent`/`name`, which it held for `ino`, when told to (a
+    /// lookup of the name that finds another file moves the record by itself).
+    pub fn dropped(&self, parent: u64, name: &[u8], ino: u64) {
         let mut n = self.lock();
         let here = (parent, name.to_vec());
-        if ino.is_none_or(|ino| n.by_name.get(&here) == Some(&ino)) {
+        if n.by_name.get(&here) == Some(&ino) {
             n.unname(&here);
         }
     }
@@ -95,7 +95,8 @@ impl KernelNames {
         }
     }
 
-    /// This mount removed `parent`/`name`.
+    /// The kernel holds nothing under `parent`/`name` any more: this mount removed it,
+    /// or a lookup found nothing there.
     pub fn removed(&self, parent: u64, name: &[u8]) {
         self.lock().unname(&(parent, name.to_vec()));
     }
@@ -142,15 +143,15 @@ mod tests {
         // Another mount renamed a to b: the kernel may still hold a, until it drops it.
         assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())));
         assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())), "still held");
-        names.dropped(1, b"a", Some(8));
+        names.dropped(1, b"a", 8);
         assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())), "another file's drop");
-        names.dropped(1, b"a", Some(7));
+        names.dropped(1, b"a", 7);
         assert_eq!(names.give(1, b"b", &x), None, "dropped: the new name is given");
         // Another file now under a: no conflict, and b's record is untouched.
         assert_eq!(names.give(1, b"a", &attr(8, FileKind::File, 1)), None);
         assert_eq!(names.give(1, b"b", &x), None);
         // A lookup of a that finds nothing ends it as well.
-        names.dropped(1, b"a", None);
+        names.removed(1, b"a");
         names.give(1, b"c", &attr(8, FileKind::File, 1));
         assert_eq!(names.give(1, b"c", &attr(8, FileKind::File, 1)), None);
     }
