@@ -9,6 +9,12 @@
 //!        yes --> name free in the listing? --> reserved inode number --> record the
 //!                change (listing, attributes, a cap on the new inode) --> queue --> answer
 //!  unlink / rmdir in D --> the child is held exclusively and known whole? --> same
+//!  opens and last closes of files held exclusively --> queue
+//!
+//!  size commits of files held exclusively (file.rs) --> commit queue --> CommitWrites,
+//!  after the namespace changes queued before each (a new file's create comes first);
+//!  nothing else waits for them but the file's own fsync, recall and close-then-forget;
+//!  each answer (the attributes the commit left) goes to the file and its cap
 //!
 //!  sender: queue --> Batch (one log entry, each change alone) --> answers --> backlog done
 //!  every other meta call waits for the backlog queued before it (session.rs), and a
@@ -23,12 +29,12 @@
 use crate::caps::Change;
 use crate::client::{Client, Shared};
 use crate::namespace::Owner;
-use crate::session::unexpected;
+use crate::session::{unexpected, Backlog};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stoa_proto::{BatchOp, MetaOp, MetaResponse};
+use stoa_proto::{BatchOp, Commit, MetaOp, MetaResponse};
 use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
 
 /// Directories remembered with a loss at most; past it, those already reported go.
@@ -56,6 +62,11 @@ const TAKE_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Default)]
 pub(crate) struct DirOps {
     queue: Mutex<Queue>,
+    /// Size commits, sent in batches of their own: a namespace change, a recall or
+    /// another meta call never waits for them, only a call on the file itself does.
+    commits: Mutex<Queue>,
+    /// Counts the queued commits and those meta answered.
+    pub commit_log: Backlog,
     /// The reserved inode numbers not used yet, and the session they belong to.
     inodes: tokio::sync::Mutex<(SessionId, Range<u64>)>,
     /// Directories meta would not give this client lately.
@@ -103,13 +114,38 @@ struct Queue {
 }
 
 struct Queued {
-    /// Its number in the session's backlog.
+    /// Its number in its queue's backlog.
     number: u64,
-    op: BatchOp,
+    /// A commit goes after the namespace changes up to this number (0: no wait).
+    after: u64,
+    op: Op,
     /// The caps generation it was made under; `None` for a release, which needs no cap.
     generation: Option<u64>,
     /// Taken back before it left (a release whose file was opened again): not sent.
     cancelled: bool,
+}
+
+/// What the queues carry: namespace changes (with opens and releases), and size commits.
+#[derive(Clone, Debug)]
+enum Op {
+    Change(BatchOp),
+    Commit(Commit),
+}
+
+impl Op {
+    fn change(self) -> Option<BatchOp> {
+        match self {
+            Op::Change(op) => Some(op),
+            Op::Commit(_) => None,
+        }
+    }
+
+    fn commit(self) -> Option<Commit> {
+        match self {
+            Op::Commit(c) => Some(c),
+            Op::Change(_) => None,
+        }
+    }
 }
 
 /// What a new inode is.
@@ -415,33 +451,66 @@ impl Client {
     }
 }
 
-/// Queues `op` for meta and starts a sender if none runs; returns its backlog number.
+/// The two queues of changes: namespace changes (with opens and releases), and size
+/// commits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Namespace,
+    Commits,
+}
+
+impl Lane {
+    fn parts(self, sh: &Shared) -> (&Mutex<Queue>, &Backlog) {
+        match self {
+            Lane::Namespace => (&sh.dirops.queue, &sh.session.backlog),
+            Lane::Commits => (&sh.dirops.commits, &sh.dirops.commit_log),
+        }
+    }
+}
+
+/// Queues namespace change `op` for meta and starts a sender if none runs; returns its
+/// backlog number.
 fn queue(sh: &Arc<Shared>, op: BatchOp, generation: Option<u64>) -> u64 {
-    let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
+    enqueue(sh, Lane::Namespace, Op::Change(op), generation)
+}
+
+/// Queues size commit `commit`, made under caps generation `generation`, after every
+/// namespace change queued so far; returns its number in the commit log.
+pub(crate) fn queue_commit(sh: &Arc<Shared>, commit: Commit, generation: u64) -> u64 {
+    enqueue(sh, Lane::Commits, Op::Commit(commit), Some(generation))
+}
+
+fn enqueue(sh: &Arc<Shared>, lane: Lane, op: Op, generation: Option<u64>) -> u64 {
+    let (queue, log) = lane.parts(sh);
+    let mut q = queue.lock().expect("dirops queue lock poisoned");
+    let after = match lane {
+        Lane::Namespace => 0,
+        Lane::Commits => sh.session.backlog.queued(),
+    };
     // Numbered under the queue's lock, so numbers follow the queue's order.
-    let number = sh.session.backlog.queue();
-    q.ops.push(Queued { number, op, generation, cancelled: false });
+    let number = log.queue();
+    q.ops.push(Queued { number, after, op, generation, cancelled: false });
     if !std::mem::replace(&mut q.sending, true) {
-        tokio::spawn(send(sh.clone()));
+        tokio::spawn(send(sh.clone(), lane));
     }
     number
 }
 
-/// Sends queued changes in batches, one batch at a time, until the queue is empty. A
-/// short batch waits a moment for more (one Raft entry and one apply serve them all),
-/// unless a call is waiting for the backlog.
-async fn send(sh: Arc<Shared>) {
+/// Sends a lane's queued changes in batches, one batch at a time, until its queue is
+/// empty. A short batch waits a moment for more (one Raft entry and one apply serve
+/// them all), unless a call is waiting for the lane's backlog.
+async fn send(sh: Arc<Shared>, lane: Lane) {
+    let (queue, log) = lane.parts(&sh);
     loop {
-        let short =
-            sh.dirops.queue.lock().expect("dirops queue lock poisoned").ops.len() < GATHER_OPS;
-        if short && !sh.session.backlog.is_urgent() {
+        let short = queue.lock().expect("dirops queue lock poisoned").ops.len() < GATHER_OPS;
+        if short && !log.is_urgent() {
             tokio::select! {
                 () = tokio::time::sleep(GATHER_WAIT) => {}
-                () = sh.session.backlog.hurry.notified() => {}
+                () = log.hurry.notified() => {}
             }
         }
         let batch: Vec<Queued> = {
-            let mut q = sh.dirops.queue.lock().expect("dirops queue lock poisoned");
+            let mut q = queue.lock().expect("dirops queue lock poisoned");
             if q.ops.is_empty() {
                 q.sending = false;
                 return;
@@ -450,6 +519,9 @@ async fn send(sh: Arc<Shared>) {
             q.ops.drain(..n).collect()
         };
         let last = batch.last().map_or(0, |q| q.number);
+        // A file's create, answered locally, reaches meta before its size.
+        let after = batch.iter().map(|q| q.after).max().unwrap_or(0);
+        sh.session.backlog.wait(after).await;
         let batch = batch.into_iter().filter(|q| !q.cancelled);
         // Changes made under caps that lapsed since are never sent: another client may
         // hold those directories now (fencing, as for buffered writes).
@@ -460,35 +532,70 @@ async fn send(sh: Arc<Shared>) {
             refused(&sh, &q.op, &FsError::SessionExpired);
         }
         if !live.is_empty() {
-            let ops: Vec<BatchOp> = live.iter().map(|q| q.op.clone()).collect();
-            match sh.session.call(MetaOp::Batch { ops }).await {
-                Ok(MetaResponse::Batch(results)) if results.len() == live.len() => {
+            match call(&sh, lane, &live).await {
+                Ok(results) => {
                     for (q, result) in live.iter().zip(results) {
-                        if let Err(e) = result {
-                            refused(&sh, &q.op, &e);
+                        match result {
+                            Ok(Some(attr)) => committed(&sh, attr),
+                            Ok(None) => {}
+                            Err(e) => refused(&sh, &q.op, &e),
                         }
                     }
                 }
-                answer => {
-                    let e = match answer {
-                        Ok(other) => unexpected("Batch", &other),
-                        Err(e) => e,
-                    };
+                Err(e) => {
                     for q in &live {
                         refused(&sh, &q.op, &e);
                     }
                 }
             }
         }
-        sh.session.backlog.done(last);
+        log.done(last);
     }
+}
+
+/// Sends `live`, a lane's changes, in one call; the outcome of each, with the
+/// attributes a size commit left.
+async fn call(
+    sh: &Shared,
+    lane: Lane,
+    live: &[Queued],
+) -> Result<Vec<Result<Option<Attr>, FsError>>, FsError> {
+    let ops = live.iter().map(|q| q.op.clone());
+    let (request, name) = match lane {
+        Lane::Namespace => (MetaOp::Batch { ops: ops.filter_map(Op::change).collect() }, "Batch"),
+        Lane::Commits => {
+            (MetaOp::CommitWrites { commits: ops.filter_map(Op::commit).collect() }, "CommitWrites")
+        }
+    };
+    match sh.session.call(request).await? {
+        MetaResponse::Batch(results) if results.len() == live.len() => {
+            Ok(results.into_iter().map(|r| r.map(|()| None)).collect())
+        }
+        MetaResponse::Attrs(results) if results.len() == live.len() => {
+            Ok(results.into_iter().map(|r| r.map(Some)).collect())
+        }
+        other => Err(unexpected(name, &other)),
+    }
+}
+
+/// Meta applied a size commit of this client's: the file and its cap take the
+/// attributes it left, whose version orders them against every other answer.
+fn committed(sh: &Shared, attr: Attr) {
+    if let Some(file) = sh.open_file(attr.ino) {
+        file.lock().learn(&attr);
+    }
+    sh.caps.update_attr(attr);
 }
 
 /// Meta refused a change this client had already answered, or it was never sent: the
 /// listing of its directory may be wrong now, the next fsync there reports the loss, and
 /// a file whose create was refused fails its handles.
-fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
-    tracing::error!("a namespace change this client had answered was lost: {op:?}: {e}");
+fn refused(sh: &Shared, op: &Op, e: &FsError) {
+    let op = match op {
+        Op::Change(op) => op,
+        Op::Commit(Commit { ino, .. }) => return commit_refused(sh, *ino, e),
+    };
+    tracing::error!("a change this client had answered was lost: {op:?}: {e}");
     let lost = |dir: InodeId| {
         sh.dirops.lost.lock().expect("lost lock poisoned").record(dir);
         sh.caps.drop_listing(dir);
@@ -513,6 +620,22 @@ fn refused(sh: &Shared, op: &BatchOp, e: &FsError) {
             }
         }
         BatchOp::Release { .. } => {}
+    }
+}
+
+/// Meta refused a size commit of file `ino`, or it was never sent: the file's next
+/// `fsync` fails, as for a failed chunk write.
+fn commit_refused(sh: &Shared, ino: InodeId, e: &FsError) {
+    if *e == FsError::NotFound {
+        // The file's last name went and its last handle closed before its size
+        // reached meta (the commit does not wait for the release and unlink queued
+        // after it): nobody can read it any more.
+        tracing::debug!("the size commit of inode {ino} found it gone");
+        return;
+    }
+    tracing::error!("a size commit of inode {ino} this client had answered was lost: {e}");
+    if let Some(file) = sh.open_file(ino) {
+        file.lock().fail(FsError::Io(format!("meta refused the size commit of inode {ino}: {e}")));
     }
 }
 

@@ -6,8 +6,10 @@
 //!   pump: one write in flight per chunk, so overlapping writes keep order   |
 //!   chunk write (all ranges of the chunk) to the chain head  <--------------+
 //!     --> done: slot free, pump again; end noted for the commit loop
-//!   commit loop: at most one CommitWrite(ino, furthest end) on meta in flight per file,
-//!   covering every chunk write that finished before it started
+//!   file held exclusively: Commit(ino, end, time) queued (dirops.rs), one CommitWrites
+//!   for many files' commits, after the namespace changes queued before it;
+//!   else the commit loop: at most one CommitWrite(ino, furthest end) on meta in flight
+//!   per file, covering every chunk write that finished before it started
 //!
 //!  fsync/truncate/recall: push the buffer out, wait until nothing is queued, in flight
 //!  or uncommitted, report the first error; fsync then sends Sync for every chunk
@@ -21,14 +23,15 @@
 //! or in flight, or while the whole client has `CLIENT_PENDING_BYTES_MAX` of them.
 
 use crate::client::Shared;
+use crate::dirops;
 use crate::read::Prefetch;
 use crate::split::{chunk_span, split};
 use crate::write_buffer::{clip, Batch, Extent, WriteBuffer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use stoa_proto::{MetaOp, MetaResponse};
-use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr};
+use stoa_proto::{Commit, MetaOp, MetaResponse};
+use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr, Timestamp};
 use tokio::sync::Notify;
 
 /// Chunk writes one file may have queued or in flight before its writer waits.
@@ -88,6 +91,9 @@ pub(crate) struct FileInner {
     commit_end: Option<u64>,
     /// Whether a CommitWrite of this file is in flight.
     committing: bool,
+    /// The commit-log number of the last size commit queued (dirops.rs, sent in a
+    /// `CommitWrites`) and not answered yet.
+    batched: Option<u64>,
     /// The end of the furthest write not yet known to be committed to meta; 0 when the
     /// file has nothing buffered or in flight.
     pub uncommitted_end: u64,
@@ -131,7 +137,11 @@ impl FileInner {
     }
 
     pub fn is_idle(&self) -> bool {
-        self.buffer.is_empty() && self.pending == 0 && self.commit_end.is_none() && !self.committing
+        self.buffer.is_empty()
+            && self.pending == 0
+            && self.commit_end.is_none()
+            && !self.committing
+            && self.batched.is_none()
     }
 
     /// The bytes of `[offset, offset + len)` this client wrote but the chunk servers may
@@ -167,7 +177,19 @@ impl FileInner {
     /// Takes the size meta reports in `attr`, unless this file already knows a newer
     /// version of the inode: a GetAttr answered before this client's last commit can
     /// arrive after it, and its size would place the next append over committed lines.
+    /// Two answers of one version must agree: one that does not shows a version this
+    /// client made up or mixed up (docs/flows/write.md), a bug, reported.
     pub fn learn(&mut self, attr: &Attr) {
+        if attr.version == self.meta_version && attr.size != self.newest_size {
+            tracing::error!(
+                "inode {}: two answers of version {} disagree on its size ({} and {}): a \
+                 version counted here is wrong",
+                attr.ino,
+                attr.version,
+                self.newest_size,
+                attr.size
+            );
+        }
         if attr.version >= self.meta_version {
             self.meta_version = attr.version;
             self.newest_size = attr.size;
@@ -205,6 +227,7 @@ impl FileState {
                 pending: 0,
                 commit_end: None,
                 committing: false,
+                batched: None,
                 uncommitted_end: 0,
                 error: None,
                 error_seq: 0,
@@ -316,7 +339,9 @@ impl FileState {
             match result {
                 Ok(()) => {
                     inner.unsynced.insert(index);
-                    inner.commit_end = Some(inner.commit_end.map_or(end, |e| e.max(end)));
+                    if !self.commit_batched(&sh, &mut inner, end, generation) {
+                        inner.commit_end = Some(inner.commit_end.map_or(end, |e| e.max(end)));
+                    }
                 }
                 Err(e) => {
                     tracing::warn!("write-behind of {chunk} failed: {e}");
@@ -338,6 +363,40 @@ impl FileState {
             inner.uncommitted_end = 0;
             inner.dirty_generation = None;
         }
+    }
+
+    /// Queues the size commit of a chunk write that just finished (dirops.rs), if the
+    /// file is held exclusively under the caps the data was written under and no commit
+    /// of the loop is pending: one call then carries the commits of many files, one
+    /// Raft entry instead of one per file. It reaches meta after the namespace changes
+    /// queued before it (the file's create); its answer updates the file and its cap.
+    /// Until then the size is the file's own (`uncommitted_end`). Returns whether it did.
+    fn commit_batched(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        inner: &mut FileInner,
+        end: u64,
+        generation: u64,
+    ) -> bool {
+        if inner.committing
+            || inner.commit_end.is_some()
+            || !sh.caps.holds_alone(self.ino, generation)
+        {
+            return false;
+        }
+        let commit = Commit { ino: self.ino, size: end, at: Timestamp::now() };
+        let number = dirops::queue_commit(sh, commit, generation);
+        inner.batched = Some(number);
+        let (file, sh) = (self.clone(), sh.clone());
+        tokio::spawn(async move {
+            sh.dirops.commit_log.wait(number).await;
+            let mut inner = file.lock();
+            if inner.batched == Some(number) {
+                inner.batched = None;
+            }
+            file.commit_done(&sh, inner);
+        });
+        true
     }
 
     /// Starts the commit loop unless it runs already or has nothing to do.
@@ -391,12 +450,16 @@ impl FileState {
         }
         let mut inner = self.lock();
         inner.committing = false;
+        self.commit_done(sh, inner);
+    }
+
+    /// After a commit's answer: wakes the waiters and, since a close does not wait for
+    /// the commit (see `close`), lets the state of a file closed meanwhile go.
+    fn commit_done(&self, sh: &Shared, mut inner: MutexGuard<'_, FileInner>) {
         self.settle(&mut inner);
         let closed = inner.opens == 0;
         drop(inner);
         self.changed.notify_waiters();
-        // A close does not wait for the commit (see `close`): the state of a file closed
-        // meanwhile goes once the commit is done.
         if closed {
             sh.forget_if_unused(self.ino);
         }
@@ -422,8 +485,14 @@ impl FileState {
         }
         // The commit that ends the drain waits for the namespace changes queued before
         // it (often the file's own create, answered locally): have them sent now, while
-        // the chunk writes travel, instead of after them.
-        tokio::join!(sh.session.backlog.wait_all(), self.wait_until(|inner| inner.is_idle()));
+        // the chunk writes travel, instead of after them; and a commit that went into
+        // the queue, as soon as the last chunk write queued it.
+        let written = async {
+            self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
+            sh.dirops.commit_log.wait_all().await;
+            self.wait_until(FileInner::is_idle).await;
+        };
+        tokio::join!(sh.session.backlog.wait_all(), written);
     }
 
     /// Queues everything buffered and starts sending it; returns whether the file was

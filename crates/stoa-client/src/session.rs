@@ -114,13 +114,15 @@ impl Session {
 
     /// Waits until meta has answered every namespace change queued before `op`, unless
     /// `op` is one of the calls that must never wait for them: the batch that carries
-    /// them, and the events stream, acks and renewals, which recalls and leases depend
-    /// on. (An inode reservation waits too: it replaces the last one, whose numbers the
-    /// queued creates use.)
+    /// them, the size commits (whose sender waits for the changes each one follows), and
+    /// the events stream, acks and renewals, which recalls and leases depend on. (An
+    /// inode reservation waits too: it replaces the last one, whose numbers the queued
+    /// creates use.)
     async fn after_backlog(&self, op: &MetaOp) {
         let independent = matches!(
             op,
             MetaOp::Batch { .. }
+                | MetaOp::CommitWrites { .. }
                 | MetaOp::CapEvents { .. }
                 | MetaOp::CapsReleased { .. }
                 | MetaOp::RenewSession
@@ -202,6 +204,11 @@ impl Backlog {
     /// Counts one more queued change; returns its number.
     pub fn queue(&self) -> u64 {
         self.queued.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The number of the last change queued.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Acquire)
     }
 
     /// Every change up to number `upto` has its answer.

@@ -214,6 +214,27 @@ async fn a_close_waits_for_the_data_and_an_fsync_for_the_size_too() {
     client.release(fh).await.unwrap();
 }
 
+/// The size commit of a file this client holds alone travels in a batch with the commits
+/// of other files (one Raft entry for many), not as a call of its own; an fsync waits
+/// for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_held_alone_commits_its_size_in_a_batch() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"alone").await;
+    let fh = client.open(ino).await.unwrap();
+    client.write(fh, 0, &pattern(4096, 7)).await.unwrap();
+    client.fsync(fh).await.unwrap();
+    let on_meta = {
+        let st = cluster.state.lock().unwrap();
+        assert_eq!((st.commit_calls, st.batched_commits), (0, 1));
+        assert_eq!(st.attrs[&ino.0].size, 4096);
+        st.attrs[&ino.0].clone()
+    };
+    // The cap holds what the commit left on meta, version and times included.
+    assert_eq!(client.getattr(ino).await.unwrap(), on_meta);
+    client.release(fh).await.unwrap();
+}
+
 /// A file opened again after its last close, when the client no longer keeps its state,
 /// reads under the cap it still holds with the size cached with the cap: no meta call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

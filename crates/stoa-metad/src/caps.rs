@@ -706,6 +706,10 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
             });
             (vec![], named.collect())
         }
+        // A client sends these only for files it holds alone: the recall finds nobody
+        // else then, but a client that breaks that rule still gets no other session's
+        // cache stale.
+        MetaOp::CommitWrites { commits } => (commits.iter().map(|c| c.ino).collect(), vec![]),
         _ => (vec![], vec![]),
     };
     if !names.is_empty() {

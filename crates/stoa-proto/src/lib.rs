@@ -26,9 +26,9 @@ pub use frame::{
     PAYLOAD_LEN_MAX,
 };
 pub use meta::{
-    cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, DirGrant,
-    FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest, MetaResponse,
-    RepairProgress, SessionGrant, DEAD_INODES_MAX,
+    cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, Commit,
+    DirGrant, FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest,
+    MetaResponse, RepairProgress, SessionGrant, DEAD_INODES_MAX,
 };
 
 use serde::{Deserialize, Serialize};

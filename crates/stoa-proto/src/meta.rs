@@ -271,6 +271,14 @@ pub enum MetaOp {
     DeadInodes {
         inos: Vec<InodeId>,
     },
+    /// Size commits, each as [`MetaOp::CommitWrite`] but at the client's time, applied
+    /// in order in one log entry; each succeeds or fails alone. A client sends a file's
+    /// commits this way only while it holds the file exclusively. Answered with
+    /// [`MetaResponse::Attrs`]: the attributes each commit left, so that the client
+    /// knows the version its size belongs to.
+    CommitWrites {
+        commits: Vec<Commit>,
+    },
 }
 
 /// The most inodes one [`MetaOp::DeadInodes`] may ask about.
@@ -308,6 +316,16 @@ pub enum BatchOp {
     /// whose one name lies in a directory the session holds exclusively, so that no
     /// other session can take that name before the batch applies.
     Open { ino: InodeId },
+}
+
+/// Data up to `size` of file `ino` is written, at `at` (when the client's chunk writes
+/// finished; the mtime and ctime it shows): one size commit of a
+/// [`MetaOp::CommitWrites`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    pub ino: InodeId,
+    pub size: u64,
+    pub at: Timestamp,
 }
 
 /// A directory taken by [`MetaOp::TakeDir`]: its attributes, the grant's sequence
@@ -509,6 +527,8 @@ pub enum MetaResponse {
     Batch(Vec<Result<(), FsError>>),
     /// The inodes [`MetaOp::DeadInodes`] asked about that are dead, in the order asked.
     DeadInodes(Vec<InodeId>),
+    /// The outcome of each commit of a [`MetaOp::CommitWrites`], in order.
+    Attrs(Vec<Result<Attr, FsError>>),
 }
 
 /// One meta replica as the cluster sees it.

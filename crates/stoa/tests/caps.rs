@@ -296,6 +296,12 @@ fn two_shell_loops_append_and_both_tails_see_every_line_in_one_order() {
         let _ = t.kill();
         let _ = t.wait();
     }
+    // A wrong count of the file's versions shows in the logs long before it loses a
+    // line (file.rs, `FileInner::learn`).
+    for log in [dev.dev_log(), std::fs::read_to_string(dev.dir.join("../mnt2.log")).unwrap()] {
+        let wrong: Vec<&str> = log.lines().filter(|l| l.contains("disagree on its size")).collect();
+        assert!(wrong.is_empty(), "a version counted wrong: {wrong:?}");
+    }
 }
 
 /// Holds FILE open with a buffered write and an exclusive lock, printing "held", until

@@ -35,6 +35,9 @@ pub struct State {
     pub chunk_writes: u64,
     /// `GetAttr` calls answered.
     pub getattr_calls: u64,
+    /// Size commits answered: `CommitWrite` calls, and those carried by `CommitWrites`.
+    pub commit_calls: u64,
+    pub batched_commits: u64,
     answered: HashMap<(u64, u64), Reply>,
     next_ino: u64,
     cap_seq: u64,
@@ -47,7 +50,7 @@ pub struct FakeCluster {
     pub busy_writes: Arc<AtomicU32>,
     /// Chunk writes still to refuse with `NoSpace`, a failure the client does not retry.
     pub full_writes: Arc<AtomicU32>,
-    /// While set, size commits (`CommitWrite`) wait before they are applied.
+    /// While set, size commits (`CommitWrite`, `CommitWrites`) wait before they apply.
     pub hold_commits: Arc<AtomicBool>,
 }
 
@@ -117,7 +120,7 @@ impl stoa_net::Handler for Handler {
                 (self.meta(m), Bytes::new())
             }
             Request::Meta(m) => {
-                if matches!(m.op, MetaOp::CommitWrite { .. }) {
+                if matches!(m.op, MetaOp::CommitWrite { .. } | MetaOp::CommitWrites { .. }) {
                     while self.hold_commits.load(Ordering::SeqCst) {
                         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                     }
@@ -191,6 +194,7 @@ impl Handler {
                 if let Some(perm) = set.perm {
                     a.perm = perm;
                 }
+                a.version += 1;
                 MetaResponse::Attr(a.clone())
             }
             MetaOp::Create { parent, name, kind, perm, .. } => {
@@ -261,10 +265,25 @@ impl Handler {
                 MetaResponse::Entries { entries, more }
             }
             MetaOp::CommitWrite { ino, size } => {
+                st.commit_calls += 1;
                 let a = st.attrs.get_mut(&ino.0).ok_or(FsError::NotFound)?;
                 a.size = a.size.max(size);
+                a.version += 1;
                 MetaResponse::Attr(a.clone())
             }
+            MetaOp::CommitWrites { commits } => MetaResponse::Attrs(
+                commits
+                    .into_iter()
+                    .map(|c| {
+                        st.batched_commits += 1;
+                        let a = st.attrs.get_mut(&c.ino.0).ok_or(FsError::NotFound)?;
+                        a.size = a.size.max(c.size);
+                        (a.mtime, a.ctime) = (c.at, c.at);
+                        a.version += 1;
+                        Ok(a.clone())
+                    })
+                    .collect(),
+            ),
             MetaOp::RenewSession => MetaResponse::Renewed { leader: None },
             MetaOp::Open { ino } => {
                 st.attrs.get(&ino.0).ok_or(FsError::NotFound)?;

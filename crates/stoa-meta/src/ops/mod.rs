@@ -36,6 +36,7 @@ pub(crate) fn mutate(
         MetaOp::Release { ino } => session::release(kv, session, *ino, now),
         MetaOp::SetAttr { ino, set } => setattr::setattr(kv, *ino, set, now),
         MetaOp::CommitWrite { ino, size } => setattr::commit_write(kv, *ino, *size, now),
+        MetaOp::CommitWrites { commits } => setattr::commit_writes(kv, commits),
         MetaOp::Create { parent, name, kind, perm, uid, gid, rdev } => {
             let new =
                 create::NewNode { kind: *kind, perm: *perm, uid: *uid, gid: *gid, rdev: *rdev };

@@ -1,12 +1,14 @@
-//! SetAttr and CommitWrite: changes to one inode's attributes.
+//! SetAttr, CommitWrite and CommitWrites: changes to one inode's attributes.
 //!
 //! A size change here is metadata only: the client truncates or extends the chunk data
-//! itself before it calls SetAttr, and records written data with CommitWrite.
+//! itself before it calls SetAttr, and records written data with CommitWrite, or with
+//! CommitWrites, many files' commits in one log entry.
 
+use super::batch::BATCH_OPS_MAX;
 use crate::kv::KvWrite;
 use crate::store::{load_inode, save_inode};
-use stoa_proto::MetaResponse;
-use stoa_types::{FileKind, FsError, InodeId, SetAttr, SetTime, Timestamp};
+use stoa_proto::{Commit, MetaResponse};
+use stoa_types::{Attr, FileKind, FsError, InodeId, SetAttr, SetTime, Timestamp};
 
 pub(crate) fn setattr(
     kv: &mut impl KvWrite,
@@ -53,13 +55,35 @@ pub(crate) fn commit_write(
     size: u64,
     now: Timestamp,
 ) -> Result<MetaResponse, FsError> {
+    grow(kv, ino, size, now).map(MetaResponse::Attr)
+}
+
+/// Grows file `ino` to at least `size`, written at `at`; returns its new attributes.
+fn grow(kv: &mut impl KvWrite, ino: InodeId, size: u64, at: Timestamp) -> Result<Attr, FsError> {
     let mut rec = load_inode(kv, ino)?;
     check_is_file(rec.attr.kind, ino)?;
     rec.attr.size = rec.attr.size.max(size);
-    rec.attr.mtime = now;
-    rec.attr.ctime = now;
+    rec.attr.mtime = at;
+    rec.attr.ctime = at;
     save_inode(kv, &mut rec)?;
-    Ok(MetaResponse::Attr(rec.attr))
+    Ok(rec.attr)
+}
+
+/// Applies `commits` in order, each alone (one that fails changes nothing), each at the
+/// client's time; answers with the attributes each one left.
+pub(crate) fn commit_writes(
+    kv: &mut impl KvWrite,
+    commits: &[Commit],
+) -> Result<MetaResponse, FsError> {
+    if commits.len() > BATCH_OPS_MAX {
+        return Err(FsError::Invalid(format!(
+            "{} size commits are over the limit of {BATCH_OPS_MAX}",
+            commits.len()
+        )));
+    }
+    // One inode read and, for a file, one write: a commit that fails writes nothing.
+    let attrs = commits.iter().map(|c| grow(kv, c.ino, c.size, c.at)).collect();
+    Ok(MetaResponse::Attrs(attrs))
 }
 
 /// Only regular files have data whose size can change.
@@ -73,9 +97,10 @@ fn check_is_file(kind: FileKind, ino: InodeId) -> Result<(), FsError> {
 
 #[cfg(test)]
 mod tests {
+    use crate::ops::batch::BATCH_OPS_MAX;
     use crate::testing::{at, Fs, ROOT};
-    use stoa_proto::MetaOp;
-    use stoa_types::{FsError, SetAttr, SetTime};
+    use stoa_proto::{Commit, MetaOp, MetaResponse};
+    use stoa_types::{FsError, InodeId, SetAttr, SetTime};
 
     #[test]
     fn setattr_changes_only_what_it_is_given() {
@@ -114,6 +139,33 @@ mod tests {
         assert_eq!(fs.attr(on_dir), Err(FsError::IsDir));
         let missing = MetaOp::SetAttr { ino: stoa_types::InodeId(99), set: SetAttr::default() };
         assert_eq!(fs.attr(missing), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn commit_writes_apply_in_order_each_alone_at_the_clients_time() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        let d = fs.mkdir(ROOT, "d").unwrap().ino;
+        let written = at(7);
+        let commit = |ino, size| Commit { ino, size, at: written };
+        let commits =
+            vec![commit(a.ino, 4096), commit(InodeId(999), 1), commit(d, 1), commit(a.ino, 10)];
+        let Ok(MetaResponse::Attrs(attrs)) = fs.call(MetaOp::CommitWrites { commits }) else {
+            panic!("CommitWrites answers with attributes");
+        };
+        // Each answer is the version its commit left, which the client orders by.
+        let grown = attrs[0].clone().unwrap();
+        assert_eq!((grown.size, grown.mtime, grown.ctime), (4096, written, written));
+        assert_eq!(grown.version, a.version + 1);
+        assert_eq!(attrs[1], Err(FsError::NotFound));
+        assert_eq!(attrs[2], Err(FsError::IsDir));
+        let last = attrs[3].clone().unwrap();
+        assert_eq!((last.size, last.version), (4096, a.version + 2));
+        assert_eq!(fs.getattr(a.ino).unwrap(), last);
+        let too_many = vec![commit(a.ino, 1); BATCH_OPS_MAX + 1];
+        let refused = fs.call(MetaOp::CommitWrites { commits: too_many });
+        assert!(matches!(refused, Err(FsError::Invalid(_))));
+        assert_eq!(fs.getattr(a.ino).unwrap(), last);
     }
 
     #[test]
