@@ -5,7 +5,10 @@
 //!
 //! Failover is fast: a refused or reset connection moves to the next replica at once,
 //! without sleeping, and every call has a short timeout, so a dead or frozen replica
-//! costs at most one timeout, never a connect or call timeout per request.
+//! costs at most one timeout, never a connect or call timeout per request. A call that
+//! may legitimately wait long at the leader is watched instead: a `ReadIndex` every
+//! second shows the replica still answers and leads, and the call moves on when one
+//! does not come back.
 
 use crate::Pool;
 use bytes::Bytes;
@@ -13,8 +16,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stoa_proto::{MetaRequest, MetaResponse, Request, Response};
-use stoa_types::FsError;
+use stoa_proto::{MetaOp, MetaRequest, MetaResponse, Request, Response};
+use stoa_types::{FsError, RequestId, SessionId};
 
 /// How long one read may take at one replica before the client tries another. A read is
 /// one ReadIndex round and a local lookup; a healthy replica answers in milliseconds.
@@ -24,6 +27,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(1);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// No leader known.
 const NONE: usize = usize::MAX;
+/// A call allowed to wait at one replica longer than a mutation (a capability grant
+/// waiting for a recall, the events long poll) checks this often that the replica still
+/// answers and leads, and moves on when it does not.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A caller of the meta service over a list of replica addresses.
 #[derive(Clone)]
@@ -101,7 +108,17 @@ impl MetaClient {
             let to_leader = mutation && leader != NONE;
             let index = if to_leader { leader } else { self.current.load(Ordering::Relaxed) };
             let addr = self.addrs[index % self.addrs.len()];
-            let err = match self.pool.call(addr, &req, Bytes::new(), timeout).await {
+            let answer = async {
+                let call = self.pool.call(addr, &req, Bytes::new(), timeout);
+                if timeout <= WRITE_TIMEOUT {
+                    return call.await;
+                }
+                tokio::select! {
+                    answer = call => answer,
+                    lost = self.watch(addr) => Err(lost),
+                }
+            };
+            let err = match answer.await {
                 Ok((Response::Meta(resp), _)) => return Ok(resp),
                 Ok((other, _)) => {
                     return Err(FsError::Protocol(format!("meta at {addr} answered {other:?}")))
@@ -169,6 +186,29 @@ impl MetaClient {
         failed_in_a_row.is_multiple_of(self.addrs.len())
     }
 
+    /// Returns once the replica at `addr`, which holds a long call of this client, no
+    /// longer answers within [`READ_TIMEOUT`] that it (or the leader it forwards to)
+    /// leads: with the error that shows it. Found by the fault tests
+    /// (meta-leader-partition): a capability grant sent to a leader just cut off waited
+    /// for its whole 15 s timeout, or until the cut healed, while another replica led
+    /// within a second.
+    async fn watch(&self, addr: SocketAddr) -> FsError {
+        let probe =
+            MetaRequest { session: SessionId(0), req_id: RequestId(0), op: MetaOp::ReadIndex };
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            match self.call_one(addr, probe.clone(), READ_TIMEOUT).await {
+                Ok(_) => {}
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!("meta replica {addr} holding a call stopped answering: {e}");
+                    return e;
+                }
+                // Not a sign of a lost leader: keep waiting for the call's own answer.
+                Err(_) => {}
+            }
+        }
+    }
+
     /// Calls one specific replica once, without failover (for status probes).
     pub async fn call_one(
         &self,
@@ -213,6 +253,46 @@ mod tests {
         let replica = Arc::new(Replica { answer, calls: AtomicU32::new(0) });
         tokio::spawn(serve(listener, replica.clone()));
         (addr, replica)
+    }
+
+    /// A leader holding a long call (a grant waiting for a recall) that answers the
+    /// probes is waited for; one that answers nothing is left for the next replica long
+    /// before the call's timeout.
+    #[tokio::test]
+    async fn a_long_call_waits_for_a_live_leader_and_leaves_a_silent_one() {
+        struct Holding;
+        impl Handler for Holding {
+            async fn handle(&self, req: Request, _: Bytes, _: SocketAddr) -> (Reply, Bytes) {
+                if let Request::Meta(MetaRequest { op: MetaOp::ReadIndex, .. }) = req {
+                    return (
+                        Ok(Response::Meta(MetaResponse::ReadIndex { index: 1 })),
+                        Bytes::new(),
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(3500)).await;
+                (Ok(Response::Meta(MetaResponse::Done)), Bytes::new())
+            }
+        }
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let holding = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Arc::new(Holding)));
+        let (silent, _) = replica(None).await;
+        let other = MetaResponse::Inodes { first: stoa_types::InodeId(9), count: 1 };
+        let (good, good_calls) = replica(Some(Ok(Response::Meta(other.clone())))).await;
+        let poll = || MetaRequest {
+            session: SessionId(1),
+            req_id: RequestId(0),
+            op: MetaOp::CapEvents { held: vec![], term: 0 },
+        };
+        let long = Duration::from_secs(30);
+        let client = MetaClient::new(Pool::new(), vec![holding, good], long);
+        client.set_leader(holding);
+        assert_eq!(client.call_leader(poll(), long).await, Ok(MetaResponse::Done));
+        assert_eq!(good_calls.calls.load(Ordering::SeqCst), 0, "left a live leader");
+        let client = MetaClient::new(Pool::new(), vec![silent, good], long);
+        client.set_leader(silent);
+        let moved = tokio::time::timeout(Duration::from_secs(10), client.call_leader(poll(), long));
+        assert_eq!(moved.await.expect("waited for the silent leader"), Ok(other));
     }
 
     /// Found by the fault tests (meta leader isolated): a mutation waited for the
