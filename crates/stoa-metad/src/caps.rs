@@ -532,6 +532,7 @@ async fn recall(
     for (session, holder) in targets {
         let wait = node.caps.start_wait(waiter, session, ino);
         let mut cycle_since = None;
+        let (waiting_since, mut reported) = (Instant::now(), false);
         loop {
             let released = node.caps.released.notified();
             tokio::pin!(released);
@@ -571,6 +572,20 @@ async fn recall(
                 }
             } else {
                 cycle_since = None;
+            }
+            // A holder that renews its lease answers a recall within milliseconds; one
+            // that does not leaves the caller waiting until its own timeout. Found in
+            // meta-leader-partition fault runs (a grant held 15 s just after the heal),
+            // where it was not known which holder it waited for.
+            if !reported && waiting_since.elapsed() >= lease {
+                reported = true;
+                tracing::warn!(
+                    "session {} has waited {:.1} s for session {session} to give up its cap \
+                     on inode {ino} (grant {}), which still renews its lease",
+                    waiter.session,
+                    waiting_since.elapsed().as_secs_f64(),
+                    holder.seq
+                );
             }
             let _ = tokio::time::timeout(RECALL_RECHECK, released).await;
         }
