@@ -223,13 +223,6 @@ impl Caps {
         Caps::usable(&mut self.lock(), ino).is_some_and(|h| h.mode >= mode)
     }
 
-    /// Whether this client holds `ino` exclusively under caps generation `generation`.
-    pub fn holds_alone(&self, ino: InodeId, generation: u64) -> bool {
-        let mut t = self.lock();
-        t.generation == generation
-            && Caps::usable(&mut t, ino).is_some_and(|h| h.mode == CapMode::Exclusive)
-    }
-
     /// The kernel TTL for what this client knows of `ino` (its attributes, and the
     /// names in it when a directory): zero without a usable cap, or while the directory
     /// is busy (see `Table::busy`).

@@ -30,7 +30,7 @@ use crate::write_buffer::{clip, Batch, Extent, WriteBuffer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use stoa_proto::{Commit, MetaOp, MetaResponse};
+use stoa_proto::{CapMode, Commit, MetaOp, MetaResponse};
 use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr, Timestamp};
 use tokio::sync::Notify;
 
@@ -380,7 +380,8 @@ impl FileState {
     ) -> bool {
         if inner.committing
             || inner.commit_end.is_some()
-            || !sh.caps.holds_alone(self.ino, generation)
+            || sh.caps.generation() != generation
+            || !sh.caps.holds(self.ino, CapMode::Exclusive)
         {
             return false;
         }

@@ -532,7 +532,8 @@ async fn recall(
     for (session, holder) in targets {
         let wait = node.caps.start_wait(waiter, session, ino);
         let mut cycle_since = None;
-        let (waiting_since, mut reported) = (Instant::now(), false);
+        let waiting_since = Instant::now();
+        let mut reported = false;
         loop {
             let released = node.caps.released.notified();
             tokio::pin!(released);
