@@ -379,17 +379,16 @@ impl Cluster {
         clients.filter(|n| abort_fuse(&n.path)).count()
     }
 
-    /// Every chunk data file (not the `.meta` headers) of chunk server `name`.
+    /// Every chunk data file (not the `.meta` headers, nor the store's `LAYOUT` beside
+    /// the fan-out directories) of chunk server `name`.
     pub fn chunk_files(&self, name: &str) -> Vec<PathBuf> {
         let mut out = Vec::new();
-        let mut stack = vec![self.nodes[self.index(name)].path.join("data/chunks")];
-        while let Some(d) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&d) else { continue };
-            for e in entries.flatten() {
+        let chunks = self.nodes[self.index(name)].path.join("data/chunks");
+        let fans = std::fs::read_dir(chunks).into_iter().flatten().flatten();
+        for fan in fans.filter(|f| f.path().is_dir()) {
+            for e in std::fs::read_dir(fan.path()).into_iter().flatten().flatten() {
                 let p = e.path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_none_or(|x| x != "meta") {
+                if p.extension().is_none_or(|x| x != "meta") {
                     out.push(p);
                 }
             }

@@ -5,6 +5,7 @@
 //! ```text
 //!  DATA/chunks/<ab>/<chunk id>        the bytes, written in place
 //!  DATA/chunks/<ab>/<chunk id>.meta   the header (see header.rs), replaced by rename
+//!  DATA/chunks/LAYOUT                 which directory <ab> holds a chunk (layout.rs)
 //! ```
 //!
 //! Crash safety: a change writes the data first (in place, whole touched blocks), then a
@@ -28,6 +29,7 @@
 
 mod cache;
 mod header;
+mod layout;
 #[cfg(test)]
 mod tests;
 
@@ -160,6 +162,7 @@ impl Engine {
         let chunks_dir = data_dir.join("chunks");
         std::fs::create_dir_all(&chunks_dir)
             .map_err(|e| io_err(format!("create {}", chunks_dir.display()), e))?;
+        layout::ensure(&chunks_dir)?;
         let dirty_marker = data_dir.join("DIRTY");
         let opened_dirty = dirty_marker.exists();
         File::create(&dirty_marker)
@@ -202,8 +205,7 @@ impl Engine {
     }
 
     fn paths(&self, chunk: ChunkId) -> Paths {
-        let fan = (chunk.ino.0 ^ chunk.index.rotate_left(8)) as u8;
-        let dir = self.chunks_dir.join(format!("{fan:02x}"));
+        let dir = self.chunks_dir.join(format!("{:02x}", layout::fan(chunk)));
         let name = chunk.to_string();
         Paths { data: dir.join(&name), header: dir.join(format!("{name}.{HEADER_EXT}")), dir }
     }
@@ -520,15 +522,9 @@ impl Engine {
     /// cheap, and it finds what [`Engine::list`] cannot see, so that [`Engine::remove`]
     /// of the chunks of a dead file leaves nothing of them behind.
     pub fn chunk_ids(&self) -> Result<Vec<ChunkId>, FsError> {
-        let tmp_suffix = format!(".{TMP_EXT}");
-        let header_suffix = format!(".{HEADER_EXT}");
         let mut out = Vec::new();
         self.for_each_file(|name| {
-            let name = name.strip_suffix(&tmp_suffix).unwrap_or(name);
-            let id = name.strip_suffix(&header_suffix).unwrap_or(name);
-            if let Ok(chunk) = id.parse() {
-                out.push(chunk);
-            }
+            out.extend(parse_file_name(name));
             Ok(())
         })?;
         out.sort();
@@ -547,22 +543,7 @@ impl Engine {
 
     /// Calls `f` with the name of every file in the store's fan-out directories.
     fn for_each_file(&self, mut f: impl FnMut(&str) -> Result<(), FsError>) -> Result<(), FsError> {
-        let what = |p: &Path| format!("list {}", p.display());
-        let fans =
-            std::fs::read_dir(&self.chunks_dir).map_err(|e| io_err(what(&self.chunks_dir), e))?;
-        for fan in fans {
-            let fan = fan.map_err(|e| io_err(what(&self.chunks_dir), e))?.path();
-            if !fan.is_dir() {
-                continue;
-            }
-            for entry in std::fs::read_dir(&fan).map_err(|e| io_err(what(&fan), e))? {
-                let name = entry.map_err(|e| io_err(what(&fan), e))?.file_name();
-                if let Some(name) = name.to_str() {
-                    f(name)?;
-                }
-            }
-        }
-        Ok(())
+        each_file(&self.chunks_dir, |_, name| f(name))
     }
 
     /// Bytes the store's filesystem holds in all, and bytes not available to it.
@@ -909,6 +890,36 @@ fn remove_files(paths: &Paths) -> Result<(), FsError> {
 }
 
 /// An I/O error with what was being done ("verb object"); ENOSPC stays `NoSpace`.
+/// Calls `f` with each fan-out directory of the store under `chunks_dir` and the name
+/// of every file in it.
+fn each_file(
+    chunks_dir: &Path,
+    mut f: impl FnMut(&Path, &str) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    let what = |p: &Path| format!("list {}", p.display());
+    let fans = std::fs::read_dir(chunks_dir).map_err(|e| io_err(what(chunks_dir), e))?;
+    for fan in fans {
+        let fan = fan.map_err(|e| io_err(what(chunks_dir), e))?.path();
+        if !fan.is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(&fan).map_err(|e| io_err(what(&fan), e))? {
+            let name = entry.map_err(|e| io_err(what(&fan), e))?.file_name();
+            if let Some(name) = name.to_str() {
+                f(&fan, name)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The chunk whose file (data, header, or a temporary one of either) is named `name`.
+fn parse_file_name(name: &str) -> Option<ChunkId> {
+    let name = name.strip_suffix(&format!(".{TMP_EXT}")).unwrap_or(name);
+    let id = name.strip_suffix(&format!(".{HEADER_EXT}")).unwrap_or(name);
+    id.parse().ok()
+}
+
 fn io_err(what: String, e: std::io::Error) -> FsError {
     match FsError::from(e) {
         FsError::Io(detail) => FsError::Io(format!("{what}: {detail}")),

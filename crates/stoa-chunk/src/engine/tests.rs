@@ -113,11 +113,11 @@ fn truncate_shrinks_extends_and_removes() {
 
 fn walk(dir: PathBuf) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for fan in std::fs::read_dir(dir).unwrap() {
-        for f in std::fs::read_dir(fan.unwrap().path()).unwrap() {
-            out.push(f.unwrap().path());
-        }
-    }
+    each_file(&dir, |fan, name| {
+        out.push(fan.join(name));
+        Ok(())
+    })
+    .unwrap();
     out
 }
 
@@ -315,12 +315,10 @@ fn remove_leaves_nothing_of_a_chunk_tombstone_or_crash_leftover() {
     assert_eq!(e.version(id(0)).unwrap(), 0, "the cached header went too");
     assert_eq!(e.read(id(0), 0, 10).unwrap(), Vec::<u8>::new());
     assert_eq!(e.read(other, 0, 10).unwrap(), b"kept");
-    let mut left: Vec<String> = Vec::new();
-    for fan in std::fs::read_dir(d.path().join("chunks")).unwrap() {
-        for file in std::fs::read_dir(fan.unwrap().path()).unwrap() {
-            left.push(file.unwrap().file_name().to_string_lossy().into_owned());
-        }
-    }
+    let mut left: Vec<String> = walk(d.path().join("chunks"))
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
     left.sort();
     assert_eq!(left, vec![other.to_string(), format!("{other}.meta")]);
 }
