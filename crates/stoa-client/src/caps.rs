@@ -67,6 +67,9 @@ pub trait KernelCache: Send + Sync {
     /// kernel asks again on its next use of each. False when the kernel cannot (older
     /// than Linux 6.16); then names are dropped one by one with [`Self::inval_entry`].
     fn expire_all_names(&self) -> bool;
+    /// Whether [`Self::expire_all_names`] works here, as far as known: true until the
+    /// kernel refused it once.
+    fn can_expire_all_names(&self) -> bool;
 }
 
 /// One cap this client holds.
@@ -125,7 +128,8 @@ struct Table {
     /// and that mount's change waits for this one's ack, the two wait for each other
     /// (meta lets the later go after 300 ms without the ack). Names with no TTL need
     /// no invalidation: the kernel asks again on every use, and this client answers
-    /// from its own cache while it holds the cap.
+    /// from its own cache while it holds the cap. Not used where the kernel expires
+    /// all names at once (Linux 6.16+), which takes no directory lock.
     busy: HashMap<InodeId, Instant>,
 }
 
@@ -561,7 +565,10 @@ impl Caps {
         // recalled grant and renamed away since by another session), and the leader's
         // wait ends with this ack (invariant 22).
         let held = t.held.remove(&r.ino)?;
-        if held.kernel_names && !held.names.is_empty() {
+        // Where the kernel expires all names at once, no recall waits for a directory's
+        // lock, so there is no cycle to avoid (invariant 24).
+        let expires_all = self.kernel.get().is_some_and(|k| k.can_expire_all_names());
+        if held.kernel_names && !held.names.is_empty() && !expires_all {
             let now = Instant::now();
             if t.busy.len() >= BUSY_DIRS_SWEEP {
                 t.busy.retain(|_, until| *until > now);
@@ -1159,29 +1166,50 @@ mod tests {
         assert!(caps.ttl(InodeId(3)) > Duration::ZERO);
     }
 
+    /// A kernel cache that records what it is told.
+    #[derive(Default)]
+    struct Kernel {
+        can_expire: bool,
+        calls: Mutex<Vec<String>>,
+    }
+    impl KernelCache for Kernel {
+        fn inval_inode(&self, ino: InodeId) {
+            self.calls.lock().unwrap().push(format!("inode {ino}"));
+        }
+        fn inval_entry(&self, parent: InodeId, name: &[u8]) {
+            let name = String::from_utf8_lossy(name);
+            self.calls.lock().unwrap().push(format!("entry {parent}/{name}"));
+        }
+        fn expire_all_names(&self) -> bool {
+            self.calls.lock().unwrap().push("all names".into());
+            self.can_expire
+        }
+        fn can_expire_all_names(&self) -> bool {
+            self.can_expire
+        }
+    }
+
+    /// Where the kernel expires all names at once, a recall waits for no directory's
+    /// lock, so a recalled directory is not made busy: its names go to the kernel with
+    /// a TTL again under the next grant.
+    #[test]
+    fn a_recalled_directory_keeps_its_kernel_ttl_where_the_kernel_expires_all_names() {
+        let caps = Caps::new(16);
+        caps.set_kernel(Arc::new(Kernel { can_expire: true, ..Kernel::default() }));
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        looked_up(&caps, b"n0", InodeId(2), cap_seq(1, 1), cap_seq(1, 2));
+        assert!(caps.ttl(DIR) > Duration::ZERO);
+        let dropped = caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 2) });
+        assert!(dropped.expect("the cap is dropped").kernel_names);
+        looked_up(&caps, b"n0", InodeId(2), cap_seq(1, 3), cap_seq(1, 4));
+        assert!(caps.ttl(DIR) > Duration::ZERO, "the directory is not busy");
+    }
+
     /// What a recall tells the kernel: every name expired at once where the kernel can
     /// (no directory lock waited for), else each name given out with a TTL; the inode's
     /// pages and attributes in both cases.
     #[test]
     fn a_recall_expires_the_kernels_names_at_once_where_it_can() {
-        #[derive(Default)]
-        struct Kernel {
-            can_expire: bool,
-            calls: Mutex<Vec<String>>,
-        }
-        impl KernelCache for Kernel {
-            fn inval_inode(&self, ino: InodeId) {
-                self.calls.lock().unwrap().push(format!("inode {ino}"));
-            }
-            fn inval_entry(&self, parent: InodeId, name: &[u8]) {
-                let name = String::from_utf8_lossy(name);
-                self.calls.lock().unwrap().push(format!("entry {parent}/{name}"));
-            }
-            fn expire_all_names(&self) -> bool {
-                self.calls.lock().unwrap().push("all names".into());
-                self.can_expire
-            }
-        }
         let recalled = || {
             let caps = Caps::new(16);
             caps.renewed(Instant::now(), Duration::from_secs(10));

@@ -69,6 +69,10 @@ impl KernelCache for Notify {
         }
     }
 
+    fn can_expire_all_names(&self) -> bool {
+        self.epochs.load(Ordering::Relaxed)
+    }
+
     fn inval_inode(&self, ino: InodeId) {
         if let Some(kernel) = self.kernel.get() {
             // Offset 0 and length 0: every page, and the attributes.
