@@ -87,10 +87,6 @@ struct Held {
     /// Every entry of this directory, under an exclusive cap taken with its listing
     /// (`dirops`): lookups are answered from it and changes are made in it.
     listing: Option<HashMap<Vec<u8>, InodeId>>,
-    /// Where this client last put the inode's name itself (a create or rename it made
-    /// in a directory it holds with its listing); checked against that listing before
-    /// use.
-    place: Option<(InodeId, Vec<u8>)>,
     /// The events tick (`Table::tick`) of the cap's last use, for giving back the least
     /// recently used ones.
     used: u64,
@@ -224,7 +220,15 @@ impl Caps {
 
     /// Whether this client holds a usable cap of at least `mode` on `ino`.
     pub fn holds(&self, ino: InodeId, mode: CapMode) -> bool {
-        Caps::usable(&mut self.lock(), ino).is_some_and(|h| h.mode >= mode)
+        self.held_in(ino, mode).is_some()
+    }
+
+    /// The caps' generation, if this client holds a usable cap of at least `mode` on
+    /// `ino`: for a change queued under that cap.
+    pub fn held_in(&self, ino: InodeId, mode: CapMode) -> Option<u64> {
+        let mut t = self.lock();
+        let held = Caps::usable(&mut t, ino).is_some_and(|h| h.mode >= mode);
+        held.then_some(t.generation)
     }
 
     /// The kernel TTL for what this client knows of `ino` (its attributes, and the
@@ -324,23 +328,6 @@ impl Caps {
         h.attr.clone()
     }
 
-    /// Where the one name of file `ino` lies, if a directory this client holds with its
-    /// listing has it there and the client holds the file exclusively: no other client
-    /// can take that name without recalling the directory first, so meta may hear of
-    /// an open of the file in the next batch. With the caps generation.
-    pub fn sole_place(&self, ino: InodeId) -> Option<(InodeId, u64)> {
-        let t = self.lock();
-        Caps::remaining(&t)?;
-        let h = t.held.get(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
-        let attr = h.attr.as_ref()?;
-        if attr.kind != FileKind::File || attr.nlink != 1 {
-            return None;
-        }
-        let (parent, name) = h.place.as_ref()?;
-        let dir = t.held.get(parent).filter(|d| d.mode == CapMode::Exclusive)?;
-        (dir.listing.as_ref()?.get(name) == Some(&ino)).then_some((*parent, t.generation))
-    }
-
     /// How many entries the listing of directory `ino` has, if this client holds it.
     pub fn listing_len(&self, ino: InodeId) -> Option<usize> {
         let t = self.lock();
@@ -399,10 +386,9 @@ impl Caps {
         match change {
             Change::Created(attr) => {
                 let (ino, listing) = (attr.ino, (attr.kind == FileKind::Dir).then(HashMap::new));
-                let place = Some((parent, name.to_vec()));
                 let mode = CapMode::Exclusive;
                 let used = t.tick;
-                let held = Held { mode, attr: Some(attr), listing, place, used, ..empty_held() };
+                let held = Held { mode, attr: Some(attr), listing, used, ..empty_held() };
                 t.held.insert(ino, held);
             }
             Change::Removed { child, at, keep, .. } => match keep {
@@ -463,7 +449,6 @@ impl Caps {
             }
         }
         if let Some(h) = t.held.get_mut(&child) {
-            h.place = Some((to.0, to.1.to_vec()));
             if let Some(attr) = &mut h.attr {
                 attr.ctime = at;
                 attr.version += 1;
@@ -1074,7 +1059,6 @@ fn empty_held() -> Held {
         names: HashMap::new(),
         kernel_names: false,
         listing: None,
-        place: None,
         used: 0,
     }
 }

@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stoa_proto::{BatchOp, Commit, MetaOp, MetaResponse};
+use stoa_proto::{BatchOp, CapMode, Commit, MetaOp, MetaResponse};
 use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
 
 /// Directories remembered with a loss at most; past it, those already reported go.
@@ -316,19 +316,21 @@ impl Client {
         Some(Ok(()))
     }
 
-    /// Queues telling meta that this client opened file `ino`, if no other client can
-    /// take its one name before the batch applies ([`Caps::sole_place`]); whether it did.
-    /// Meta then hears of the open in order with this client's other changes.
+    /// Queues telling meta that this client opened file `ino`, if it holds a cap on the
+    /// file; whether it did. Meta hears of the open in order with this client's other
+    /// changes, and before the file can go: another client's removal of its last name
+    /// recalls the cap, whose ack waits for what is queued, while the file is kept a
+    /// stray (stoa-meta `ops/unlink.rs`); and the leader deletes a file's chunks only
+    /// after every cap on it was given back (stoa-metad `leader.rs`, `collect_once`), so
+    /// a read under the cap never finds them gone (caps.md invariant 19).
     pub(crate) async fn open_queued(&self, ino: InodeId) -> bool {
-        let Some((parent, _)) = self.sh.caps.sole_place(ino) else { return false };
-        // A recall of the directory waits for what is queued: this one too.
-        let _pin = self.pin(&[parent, ino]).await;
-        match self.sh.caps.sole_place(ino) {
-            Some((now, generation)) if now == parent => {
+        let _pin = self.pin(&[ino]).await;
+        match self.sh.caps.held_in(ino, CapMode::Shared) {
+            Some(generation) => {
                 queue(&self.sh, BatchOp::Open { ino }, Some(generation));
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 

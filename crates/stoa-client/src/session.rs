@@ -114,10 +114,12 @@ impl Session {
 
     /// Waits until meta has answered every namespace change queued before `op`, unless
     /// `op` is one of the calls that must never wait for them: the batch that carries
-    /// them, the size commits (whose sender waits for the changes each one follows), and
-    /// the events stream, acks and renewals, which recalls and leases depend on. (An
-    /// inode reservation waits too: it replaces the last one, whose numbers the queued
-    /// creates use.)
+    /// them, the size commits (whose sender waits for the changes each one follows), the
+    /// events stream, acks and renewals, which recalls and leases depend on, and the
+    /// chain table, which a chunk read or write refetches while it holds its file's cap
+    /// (a recall waits for it, and the backlog may be waiting for that recall's ack at
+    /// meta: a fault run stalled 15 s so). (An inode reservation waits too: it replaces
+    /// the last one, whose numbers the queued creates use.)
     async fn after_backlog(&self, op: &MetaOp) {
         let independent = matches!(
             op,
@@ -126,6 +128,7 @@ impl Session {
                 | MetaOp::CapEvents { .. }
                 | MetaOp::CapsReleased { .. }
                 | MetaOp::RenewSession
+                | MetaOp::GetChainTable
         );
         if !independent {
             self.backlog.wait_all().await;

@@ -9,6 +9,7 @@
 //! - purge strays whose grace is over (`PurgeStrays`);
 //! - expire client sessions that stopped renewing (`ExpireSession`).
 
+use crate::caps;
 use crate::liveness::DOWN_AFTER;
 use crate::raft::Role;
 use crate::service::Node;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use stoa_meta::Command;
 use stoa_proto::{ChunkOp, ChunkRequest, Request};
 use stoa_types::{
-    Chain, ChainId, ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, Timestamp,
+    Chain, ChainId, ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, SessionId, Timestamp,
 };
 use tokio::task::JoinSet;
 
@@ -257,6 +258,11 @@ async fn collect_garbage(node: Arc<Node>) {
     every(GC_PERIOD, "garbage", || collect_once(&node)).await
 }
 
+/// Deletes the chunks of garbage inodes. Every cap on an inode is recalled first, and
+/// its holders' acks awaited: a client may read a file under its cap without meta
+/// having applied its open yet (queued in its next batch, which the ack waits for), and
+/// such a read must never find the chunks gone (caps.md invariant 19). A new leader
+/// first waits until the clients told it which caps they hold.
 async fn collect_once(node: &Node) -> Result<(), FsError> {
     let (items, table, info) = node
         .raft
@@ -269,6 +275,11 @@ async fn collect_once(node: &Node) -> Result<(), FsError> {
         })
         .await?;
     let Some(info) = info else { return Ok(()) };
+    if !items.is_empty() {
+        caps::await_grace(node).await?;
+        let inos: Vec<InodeId> = items.iter().map(|(ino, _)| *ino).collect();
+        caps::recall_touched(node, SessionId(0), &inos).await;
+    }
     for (ino, size) in items {
         match delete_chunks(node, &table, ino, size, info.chunk_size_bytes).await {
             Ok(()) => {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -561,4 +561,37 @@ fn of_two_mounts_renaming_one_name_at_once_only_one_succeeds() {
     let both = results[0].iter().zip(&results[1]).filter(|(a, b)| **a && **b).count();
     let neither = results[0].iter().zip(&results[1]).filter(|(a, b)| !**a && !**b).count();
     assert_eq!((both, neither), (0, 0), "of {ROUNDS} rounds: both renamed, neither renamed");
+}
+
+/// A mount that opens a file in a directory both mounts use tells meta of the open in
+/// its next batch, not before open(2) returns (caps.md invariant 19). The other mount
+/// removing the file's last name right after must not take the data from under it:
+/// the removal recalls the reader's cap, whose ack waits for the queued open, and the
+/// leader deletes no chunk while a cap on the file is held.
+#[test]
+fn a_file_opened_under_a_shared_cap_outlives_its_unlink_on_the_other_mount() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let (a, b) = (dev.mnt.join("shared"), other.path.join("shared"));
+    std::fs::create_dir(&a).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    for round in 0..5 {
+        let name = format!("f{round}");
+        std::fs::write(a.join(&name), &data).unwrap();
+        std::fs::File::open(a.join(&name)).unwrap().sync_all().unwrap();
+        // B reads it once (a cap on the file and on the directory, both shared), closes,
+        // and opens it again: that open is queued.
+        assert_eq!(std::fs::read(b.join(&name)).unwrap(), data, "round {round}");
+        let f = std::fs::File::open(b.join(&name)).unwrap();
+        std::fs::remove_file(a.join(&name)).unwrap();
+        // Past the strays' grace and a few garbage rounds.
+        std::thread::sleep(Duration::from_secs(3));
+        let mut back = vec![0u8; data.len() + 10];
+        let n = f.read_at(&mut back, 0).unwrap_or_else(|e| panic!("round {round}: read: {e}"));
+        assert_eq!(n, data.len(), "round {round}");
+        assert!(back[..n] == data[..], "round {round}: the data changed under the open file");
+        assert_eq!(f.metadata().unwrap().nlink(), 0, "round {round}");
+        drop(f);
+        assert!(std::fs::metadata(b.join(&name)).is_err(), "round {round}");
+    }
 }
