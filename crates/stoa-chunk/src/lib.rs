@@ -18,6 +18,7 @@
 mod datadir;
 pub mod engine;
 mod error;
+mod sealed;
 mod server;
 
 pub use error::ChunkError;

@@ -380,8 +380,7 @@ impl FileState {
     ) -> bool {
         if inner.committing
             || inner.commit_end.is_some()
-            || sh.caps.generation() != generation
-            || !sh.caps.holds(self.ino, CapMode::Exclusive)
+            || sh.caps.held_in(self.ino, CapMode::Exclusive) != Some(generation)
         {
             return false;
         }

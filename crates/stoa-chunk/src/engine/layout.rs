@@ -1,7 +1,7 @@
 //! Which fan-out directory holds a chunk's files, and the store's layout version.
 //!
 //! ```text
-//!  DATA/chunks/LAYOUT    magic "STLY", layout u32, crc32c u32 (absent: layout 1)
+//!  DATA/chunks/LAYOUT    magic "STLY", layout u32, crc32c u32 (sealed.rs; absent: layout 1)
 //! ```
 //!
 //! Layout 2 (this one) puts a chunk in directory `((ino >> 8) ^ index) & 0xff`: 256
@@ -18,18 +18,17 @@
 //! whole in one of the two places (a rename is atomic) and no `LAYOUT`, so the next open
 //! finishes the move.
 
-use super::{each_file, io_err, parse_file_name, TMP_EXT};
+use super::{each_file, io_err, parse_file_name};
+use crate::sealed;
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use stoa_types::{ChunkId, FsError};
 
 const MAGIC: &[u8; 4] = b"STLY";
 const LAYOUT: u32 = 2;
 const FILE: &str = "LAYOUT";
-/// magic, layout u32, crc32c u32.
-const LEN: usize = 4 + 4 + 4;
 
 /// The fan-out directory of `chunk` (its name is this as two hex digits).
 pub(super) fn fan(chunk: ChunkId) -> u8 {
@@ -57,15 +56,8 @@ pub(super) fn ensure(chunks_dir: &Path) -> Result<(), FsError> {
             chunks_dir.display()
         );
     }
-    let tmp = chunks_dir.join(format!("{FILE}.{TMP_EXT}"));
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&encode())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        File::open(chunks_dir)?.sync_all()
-    };
-    write().map_err(|e| io_err(format!("write {}", path.display()), e))
+    sealed::store(chunks_dir, FILE, &encode())
+        .map_err(|e| io_err(format!("write {}", chunks_dir.join(FILE).display()), e))
 }
 
 /// Moves every chunk file not in its layout-2 directory there; returns how many moved.
@@ -98,23 +90,11 @@ fn migrate(chunks_dir: &Path) -> Result<u64, FsError> {
 }
 
 fn encode() -> Vec<u8> {
-    let mut out = Vec::with_capacity(LEN);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&LAYOUT.to_le_bytes());
-    let crc = crc32c::crc32c(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
+    sealed::seal(MAGIC, LAYOUT, &[])
 }
 
 fn decode(bytes: &[u8]) -> Result<(), String> {
-    if bytes.len() != LEN || &bytes[..4] != MAGIC {
-        return Err(format!("not a layout file ({} bytes)", bytes.len()));
-    }
-    let (body, tail) = bytes.split_at(LEN - 4);
-    if u32::from_le_bytes(tail.try_into().map_err(|_| "short crc")?) != crc32c::crc32c(body) {
-        return Err("checksum mismatch: the file is damaged".into());
-    }
-    let layout = u32::from_le_bytes(body[4..8].try_into().map_err(|_| "short layout")?);
+    let (layout, _) = sealed::unseal(bytes, MAGIC, 0, "a layout")?;
     if layout != LAYOUT {
         return Err(format!("layout {layout}, this server reads layout {LAYOUT}"));
     }

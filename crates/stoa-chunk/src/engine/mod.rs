@@ -889,7 +889,6 @@ fn remove_files(paths: &Paths) -> Result<(), FsError> {
     Ok(())
 }
 
-/// An I/O error with what was being done ("verb object"); ENOSPC stays `NoSpace`.
 /// Calls `f` with each fan-out directory of the store under `chunks_dir` and the name
 /// of every file in it.
 fn each_file(
@@ -915,11 +914,14 @@ fn each_file(
 
 /// The chunk whose file (data, header, or a temporary one of either) is named `name`.
 fn parse_file_name(name: &str) -> Option<ChunkId> {
-    let name = name.strip_suffix(&format!(".{TMP_EXT}")).unwrap_or(name);
-    let id = name.strip_suffix(&format!(".{HEADER_EXT}")).unwrap_or(name);
-    id.parse().ok()
+    fn strip<'a>(name: &'a str, ext: &str) -> Option<&'a str> {
+        name.strip_suffix(ext)?.strip_suffix('.')
+    }
+    let name = strip(name, TMP_EXT).unwrap_or(name);
+    strip(name, HEADER_EXT).unwrap_or(name).parse().ok()
 }
 
+/// An I/O error with what was being done ("verb object"); ENOSPC stays `NoSpace`.
 fn io_err(what: String, e: std::io::Error) -> FsError {
     match FsError::from(e) {
         FsError::Io(detail) => FsError::Io(format!("{what}: {detail}")),
