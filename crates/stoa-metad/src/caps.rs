@@ -511,25 +511,24 @@ struct Waiter<'a> {
     refusable: bool,
 }
 
-/// Recalls the grants in `targets` of `ino` and waits until each is acked or its
+/// Recalls the grants in `targets`, all at once, and waits until each is acked or its
 /// holder's lease ran out; a grant is refused when a holder waits for the waiter's own
 /// client ([`CapTable::in_cycle`]).
 async fn recall(
     node: &Node,
-    ino: InodeId,
-    targets: Vec<(SessionId, Holder)>,
+    targets: Vec<(InodeId, SessionId, Holder)>,
     waiter: Waiter<'_>,
 ) -> Result<(), FsError> {
     let lease = node.raft.session_lease();
-    for (session, holder) in &targets {
+    for (ino, session, holder) in &targets {
         let ready = holder.granted_at + MIN_HOLD;
         if ready > Instant::now() {
             tokio::time::sleep_until(ready.into()).await;
         }
         tracing::debug!("recalling the cap of session {session} on inode {ino}");
-        node.caps.queue_recall(*session, ino, holder.seq);
+        node.caps.queue_recall(*session, *ino, holder.seq);
     }
-    for (session, holder) in targets {
+    for (ino, session, holder) in targets {
         let wait = node.caps.start_wait(waiter, session, ino);
         let mut cycle_since = None;
         let waiting_since = Instant::now();
@@ -604,7 +603,10 @@ async fn grant(
     loop {
         match node.caps.try_register(waiter.session, ino, mode) {
             Ok(seq) => return Ok(seq),
-            Err(blocking) => recall(node, ino, blocking, waiter).await?,
+            Err(blocking) => {
+                let targets = blocking.into_iter().map(|(session, h)| (ino, session, h)).collect();
+                recall(node, targets, waiter).await?
+            }
         }
     }
 }
@@ -768,14 +770,15 @@ pub(crate) async fn recall_exclusive(
 ) -> Result<(), FsError> {
     let waiter = Waiter { session, works_on: dirs, refusable: true };
     for &dir in dirs {
-        let exclusive: Vec<(SessionId, Holder)> = node
+        let exclusive: Vec<_> = node
             .caps
             .others(dir, session)
             .into_iter()
             .filter(|(_, h)| h.mode == CapMode::Exclusive)
+            .map(|(other, h)| (dir, other, h))
             .collect();
         if !exclusive.is_empty() {
-            recall(node, dir, exclusive, waiter).await?;
+            recall(node, exclusive, waiter).await?;
         }
     }
     Ok(())
@@ -837,16 +840,26 @@ pub(crate) async fn take_dir(
     Ok(MetaResponse::Dir(Some(DirGrant { attr, seq, entries })))
 }
 
-/// Recalls every other session's caps on `inodes` (after `session` changed them) and
-/// waits for the acks.
+/// Recalls every cap on `inodes`, once this leader knows them all ([`await_grace`]), and
+/// waits until each is acked or its holder's lease ran out: for the leader's own work on
+/// files no name leads to any more (purging strays, deleting chunks).
+pub(crate) async fn recall_all(node: &Node, inodes: &[InodeId]) -> Result<(), FsError> {
+    await_grace(node).await?;
+    recall_touched(node, SessionId(0), inodes).await;
+    Ok(())
+}
+
+/// Recalls every other session's caps on `inodes` (after `session` changed them), all
+/// at once, and waits for the acks.
 pub(crate) async fn recall_touched(node: &Node, session: SessionId, inodes: &[InodeId]) {
     let waiter = Waiter { session, works_on: inodes, refusable: false };
-    for &ino in inodes {
-        let others = node.caps.others(ino, session);
-        if !others.is_empty() {
-            // Never refused: only grants are (see `CapTable::in_cycle`).
-            let _ = recall(node, ino, others, waiter).await;
-        }
+    let targets: Vec<_> = inodes
+        .iter()
+        .flat_map(|&ino| node.caps.others(ino, session).into_iter().map(move |(o, h)| (ino, o, h)))
+        .collect();
+    if !targets.is_empty() {
+        // Never refused: only grants are (see `CapTable::in_cycle`).
+        let _ = recall(node, targets, waiter).await;
     }
 }
 

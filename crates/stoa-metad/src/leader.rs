@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use stoa_meta::Command;
 use stoa_proto::{ChunkOp, ChunkRequest, Request};
 use stoa_types::{
-    Chain, ChainId, ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, SessionId, Timestamp,
+    Chain, ChainId, ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, Timestamp,
 };
 use tokio::task::JoinSet;
 
@@ -276,9 +276,8 @@ async fn collect_once(node: &Node) -> Result<(), FsError> {
         .await?;
     let Some(info) = info else { return Ok(()) };
     if !items.is_empty() {
-        caps::await_grace(node).await?;
         let inos: Vec<InodeId> = items.iter().map(|(ino, _)| *ino).collect();
-        caps::recall_touched(node, SessionId(0), &inos).await;
+        caps::recall_all(node, &inos).await?;
     }
     for (ino, size) in items {
         match delete_chunks(node, &table, ino, size, info.chunk_size_bytes).await {
@@ -297,11 +296,17 @@ async fn purge_strays(node: Arc<Node>) {
     every(GC_PERIOD, "stray purge", || purge_strays_once(&node)).await
 }
 
+/// Releases strays whose grace is over. Every cap on them is recalled first, and its
+/// holders' acks awaited, for the same reason as in [`collect_once`]: an open queued
+/// under a cap reaches meta with the holder's next batch, which the ack waits for, so a
+/// holder held up past the grace (stopped, slow, cut off for less than its lease) still
+/// has its open applied first, and the stray stays as an open orphan.
 async fn purge_strays_once(node: &Node) -> Result<(), FsError> {
     let now = Timestamp::now();
     let before = Timestamp { secs: now.secs - STRAY_GRACE.as_secs() as i64, ..now };
     let inos = node.raft.read(move |kv| stoa_meta::strays(kv, before, STRAY_BATCH)).await?;
     if !inos.is_empty() {
+        caps::recall_all(node, &inos).await?;
         node.raft.propose(Command::PurgeStrays { inos }).await?;
     }
     Ok(())

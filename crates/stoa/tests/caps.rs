@@ -595,3 +595,57 @@ fn a_file_opened_under_a_shared_cap_outlives_its_unlink_on_the_other_mount() {
         assert!(std::fs::metadata(b.join(&name)).is_err(), "round {round}");
     }
 }
+
+/// A mount whose kernel had the file's name when its process stopped opens it only after
+/// the other mount removed that name and the stray's grace ran out. The open, queued
+/// under the cap this mount still holds or sent on its own, either finds the file (an
+/// orphan now, data intact) or reports it gone; never an open that succeeds and then
+/// reads nothing: the leader purges a stray only once every cap on it was acked, and the
+/// ack waits for a queued open (caps.md invariant 19).
+#[test]
+fn an_open_held_up_past_the_strays_grace_finds_the_file_or_reports_it_gone() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 253) as u8).collect();
+    for round in 0..3 {
+        let name = format!("late{round}");
+        let (a, b) = (dev.mnt.join(&name), other.path.join(&name));
+        std::fs::write(&a, &data).unwrap();
+        std::fs::File::open(&a).unwrap().sync_all().unwrap();
+        assert_eq!(std::fs::read(&b).unwrap(), data, "round {round}");
+        // SAFETY: plain kill(2) of a child of ours.
+        unsafe { libc::kill(other.pid() as i32, libc::SIGSTOP) };
+        let reader = std::thread::spawn(move || {
+            let f = std::fs::File::open(&b)?;
+            let read = || {
+                let mut back = vec![0u8; 200_010];
+                let n = f.read_at(&mut back, 0)?;
+                back.truncate(n);
+                Ok::<_, std::io::Error>(back)
+            };
+            let first = read()?;
+            // Again once the leader had time to purge the file and collect its chunks.
+            std::thread::sleep(Duration::from_secs(2));
+            let again = read().expect("a file that opened reads again");
+            assert!(again == first, "the data changed under the open file");
+            Ok::<_, std::io::Error>(first)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let remover = std::thread::spawn(move || std::fs::remove_file(&a));
+        // Past the strays' grace (2 s) and a purge round.
+        std::thread::sleep(Duration::from_millis(3500));
+        // SAFETY: as above.
+        unsafe { libc::kill(other.pid() as i32, libc::SIGCONT) };
+        remover.join().unwrap().unwrap();
+        match reader.join().unwrap() {
+            Ok(back) => assert!(back == data, "round {round}: read {} bytes", back.len()),
+            Err(e) => {
+                println!("round {round}: {e}");
+                assert!(
+                    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESTALE)),
+                    "round {round}: {e}"
+                )
+            }
+        }
+    }
+}
