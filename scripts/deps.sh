@@ -3,8 +3,9 @@
 # package already present is not fetched again.
 set -euo pipefail
 
-# iproute2 and nftables: the fault tests give every node a network namespace and cut links.
-need=(fuse3 git rsync build-essential attr python3 pkg-config ca-certificates iproute2 nftables)
+# iproute2 and nftables: the fault tests give every node a network namespace and cut links;
+# gdb: a fault-test node that ignores SIGTERM has its thread stacks saved before it is killed.
+need=(fuse3 git rsync build-essential attr python3 pkg-config ca-certificates iproute2 nftables gdb)
 missing=()
 for p in "${need[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -451,12 +451,41 @@ fn stop_child(n: &mut Node) {
     let deadline = Instant::now() + STOP_TIMEOUT;
     while c.try_wait().ok().flatten().is_none() {
         if Instant::now() > deadline {
+            save_stacks(&n.name, c.id(), &n.log.with_extension("stacks"));
             let _ = c.kill();
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = c.wait();
+}
+
+/// Writes every thread's stack of `pid`, a node that ignored SIGTERM (a hung runtime, a
+/// deadlock), to `path` with gdb, so that the hang can be read after the run; says where
+/// on stderr. Without gdb (scripts/deps.sh installs it) it says so instead.
+fn save_stacks(name: &str, pid: u32, path: &Path) {
+    let out = Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-nx", "-ex", "thread apply all bt"])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(out) => {
+            let mut text = out.stdout;
+            text.extend_from_slice(&out.stderr);
+            match std::fs::write(path, text) {
+                Ok(()) => eprintln!(
+                    "stoa-fault: {name} ignored SIGTERM for {} s; its thread stacks are in {}",
+                    STOP_TIMEOUT.as_secs(),
+                    path.display()
+                ),
+                Err(e) => eprintln!("stoa-fault: writing {}: {e}", path.display()),
+            }
+        }
+        Err(e) => eprintln!(
+            "stoa-fault: {name} ignored SIGTERM for {} s; no stacks taken (gdb: {e})",
+            STOP_TIMEOUT.as_secs()
+        ),
+    }
 }
 
 /// Whether `path` is a mount point right now.
