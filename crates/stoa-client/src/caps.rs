@@ -48,6 +48,9 @@ const GRANT_TIMEOUT_EXTRA: Duration = Duration::from_secs(5);
 const POLL_TIMEOUT: Duration = Duration::from_secs(4);
 /// Pause after a failed poll.
 const POLL_RETRY: Duration = Duration::from_millis(100);
+/// How long caps dropped on the client's own removals gather before one call tells the
+/// leader of them all, as the namespace batches gather.
+const RELEASE_GATHER: Duration = Duration::from_millis(5);
 /// Pause while uncapped operations of a recalled inode finish.
 const UNCAPPED_WAIT: Duration = Duration::from_millis(2);
 /// How long after a recall of a directory whose names the kernel cached the kernel gets
@@ -127,6 +130,24 @@ struct Table {
     /// from its own cache while it holds the cap. Not used where the kernel expires
     /// all names at once (Linux 6.16+), which takes no directory lock.
     busy: HashMap<InodeId, Instant>,
+    /// Caps this client dropped on its own, not yet told to the leader: those of files
+    /// whose last name it removed itself (see [`send_released`]).
+    released: Vec<CapRef>,
+}
+
+impl Table {
+    /// Drops the cap on `ino`, a file whose last name this client removed and which it
+    /// does not have open: nothing here can reach it any more (no name, no handle), and
+    /// the leader hears of it with the next [`send_released`] instead of having to
+    /// recall it. The release names every grant (`u64::MAX`: the client does not know
+    /// the sequence of a cap on a file it created), so a grant of the file still on its
+    /// way is marked recalled here too, and never cached when it arrives.
+    fn drop_own(&mut self, ino: InodeId) {
+        if self.held.remove(&ino).is_some() {
+            self.recalled.insert(ino, u64::MAX);
+            self.released.push(CapRef { ino, seq: u64::MAX });
+        }
+    }
 }
 
 /// The client's caps.
@@ -137,6 +158,8 @@ pub(crate) struct Caps {
     max: usize,
     /// Whether a task is giving caps back.
     trimming: AtomicBool,
+    /// Whether a task is sending `Table::released`.
+    releasing: AtomicBool,
 }
 
 /// How an operation may go ahead on an inode; kept while the operation relies on it.
@@ -173,6 +196,7 @@ impl Caps {
             kernel: OnceLock::new(),
             max,
             trimming: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
         }
     }
 
@@ -399,9 +423,7 @@ impl Caps {
                         attr.version += 1;
                     }
                 }
-                false => {
-                    t.held.remove(&child);
-                }
+                false => t.drop_own(child),
             },
         }
         Some(generation)
@@ -462,9 +484,7 @@ impl Caps {
                     attr.version += 1;
                 }
             }
-            Some((ino, false)) => {
-                t.held.remove(&ino);
-            }
+            Some((ino, false)) => t.drop_own(ino),
             None => {}
         }
         Some(generation)
@@ -948,6 +968,36 @@ fn give_back_idle(sh: &Arc<Shared>) {
     });
 }
 
+/// Tells the leader of the caps this client dropped on its own (files whose last name it
+/// removed), in one call per few milliseconds; one such task at a time. Without it the
+/// leader would recall each of them before it purges the file (a call and an ack per
+/// deleted file, 2 s after an `rm -r`). A call that fails costs only that recall.
+pub(crate) fn send_released(sh: &Arc<Shared>) {
+    if sh.caps.lock().released.is_empty() || sh.caps.releasing.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RELEASE_GATHER).await;
+            let released = std::mem::take(&mut sh.caps.lock().released);
+            if !released.is_empty() {
+                let op = MetaOp::CapsReleased { released };
+                if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
+                    tracing::debug!("telling the leader of caps given up: {e}");
+                }
+                continue;
+            }
+            sh.caps.releasing.store(false, Ordering::Release);
+            // A cap dropped since the take found the flag still set and left it here.
+            if sh.caps.lock().released.is_empty() || sh.caps.releasing.swap(true, Ordering::AcqRel)
+            {
+                break;
+            }
+        }
+    });
+}
+
 /// Drops what was cached under the caps `dropped`, the kernel's caches included.
 async fn forget(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
     if dropped.is_empty() {
@@ -1246,5 +1296,37 @@ mod tests {
         assert_eq!(caps.cached_name(DIR, b"n3"), None, "renamed away");
         assert_eq!(caps.cached_name(DIR, b"n5"), None, "removed");
         assert_eq!(caps.cached_name(DIR, b"n4"), Some(a));
+    }
+
+    /// A file whose last name this client removed, not open here, is given back to the
+    /// leader without a recall: every grant of it, one that was still on its way too.
+    #[test]
+    fn a_file_removed_here_is_given_back_whole_and_a_late_grant_of_it_is_not_kept() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let mut dir = attr(DIR);
+        dir.kind = FileKind::Dir;
+        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries: vec![] }));
+        let (kept, gone, replaced) = (InodeId(2), InodeId(3), InodeId(4));
+        for (name, ino) in [(&b"k"[..], kept), (b"g", gone), (b"r", replaced)] {
+            assert!(caps.record_change(DIR, name, Change::Created(attr(ino))).is_some());
+        }
+        let at = Timestamp::now();
+        let open_here = Change::Removed { child: kept, dir: false, at, keep: true };
+        assert!(caps.record_change(DIR, b"k", open_here).is_some());
+        let removed = Change::Removed { child: gone, dir: false, at, keep: false };
+        assert!(caps.record_change(DIR, b"g", removed).is_some());
+        let renamed_over = Some((replaced, false));
+        let (from, to) = ((DIR, &b"x"[..]), (DIR, &b"r"[..]));
+        assert!(caps.record_change(DIR, b"x", Change::Created(attr(InodeId(5)))).is_some());
+        assert!(caps.record_rename((from, to), InodeId(5), renamed_over, at).is_some());
+        let every = u64::MAX;
+        let want = vec![CapRef { ino: gone, seq: every }, CapRef { ino: replaced, seq: every }];
+        assert_eq!(std::mem::take(&mut caps.lock().released), want);
+        assert!(caps.cached_attr(kept).is_some(), "an open file keeps its cap");
+        let late =
+            Grant { attr: attr(gone), mode: CapMode::Shared, seq: cap_seq(1, 9), dir_seq: 0 };
+        assert!(!caps.store(&late, None), "a grant of a file given back is not cached");
+        assert!(caps.cached_attr(gone).is_none());
     }
 }

@@ -26,7 +26,7 @@
 //! was made under lapsed, is logged, drops the listing of D, fails every handle of a
 //! file whose create was lost, and fails the next `fsync` of D (errseq-like).
 
-use crate::caps::Change;
+use crate::caps::{send_released, Change};
 use crate::client::{Client, Shared};
 use crate::namespace::Owner;
 use crate::session::{unexpected, Backlog};
@@ -255,6 +255,7 @@ impl Client {
         let change = Change::Removed { child, dir, at, keep };
         let generation = self.sh.caps.record_change(parent, name, change)?;
         queue(&self.sh, BatchOp::Remove { parent, name: name.to_vec(), dir, at }, Some(generation));
+        send_released(&self.sh);
         Some(Ok(()))
     }
 
@@ -313,6 +314,7 @@ impl Client {
             at,
         };
         queue(&self.sh, op, Some(generation));
+        send_released(&self.sh);
         Some(Ok(()))
     }
 

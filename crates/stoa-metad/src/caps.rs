@@ -236,7 +236,8 @@ impl CapTable {
         for &ino in inodes {
             if let Err(others) = self.try_register(session, ino, CapMode::Exclusive) {
                 tracing::warn!(
-                    "session {session} created inode {ino}, which {} other session(s) hold                      caps on",
+                    "session {session} created inode {ino}, which {} other session(s) hold \
+                     caps on",
                     others.len()
                 );
             }
