@@ -3,7 +3,8 @@
 //!
 //! - create the cluster (`Init`) the first time a leader finds none;
 //! - judge chunk-server liveness and propose `ChunkServerDown` / `ChunkServerUp` (a
-//!   server that reported itself full counts as down until it has space again), and
+//!   server that reported itself full is taken out when it reports, and is not added
+//!   back until it has space again), and
 //!   `RebuildChain` for chains short of replicas for longer than the rebuild delay;
 //! - delete the chunks of garbage inodes and then propose `GarbageCollected`;
 //! - purge strays whose grace is over (`PurgeStrays`);
@@ -137,13 +138,14 @@ async fn judge_once(node: &Node, judge: &mut Judge) -> Result<(), FsError> {
     let in_path: BTreeSet<NodeId> = table.chains.iter().flat_map(|c| c.write_path()).collect();
     for &server in &in_path {
         let key = (server, table.version, false);
+        // A full server is taken out when it reports itself full, with the new table in
+        // the answer (`Node::meta`, `ChunkServerFull`); taken out here, it could serve
+        // reads from its old table after writes went on without it.
         let silent = !node.liveness.is_alive(server, DOWN_AFTER);
-        if (silent || node.liveness.is_full(server)) && !proposed.contains(&key) {
-            if silent {
-                tracing::warn!(
-                    "chunk server {server} silent for {DOWN_AFTER:?}: taking it out of its chains"
-                );
-            }
+        if silent && !proposed.contains(&key) {
+            tracing::warn!(
+                "chunk server {server} silent for {DOWN_AFTER:?}: taking it out of its chains"
+            );
             node.raft.propose(Command::ChunkServerDown { node: server }).await?;
             proposed.insert(key);
         }

@@ -73,7 +73,12 @@ impl Node {
                         "chunk server {node} is out of space: taking it out of its chains"
                     );
                 }
-                Ok(MetaResponse::Done)
+                // Out of its chains before the answer, which carries the new table: the
+                // server serves no reads until it has it, so none of its copies is read
+                // once a write was acknowledged without it (stoa-chunk `report_full`).
+                self.raft.propose(Command::ChunkServerDown { node }).await?;
+                let table = self.raft.read(stoa_meta::chain_table).await?;
+                Ok(MetaResponse::Heartbeat { table: Some(table), replicas: self.cfg.replicas })
             }
             MetaOp::RenewSession
             | MetaOp::GetCaps { .. }

@@ -46,6 +46,8 @@ const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often a full server repeats its report to meta while writes keep reaching it.
 const FULL_REPORT_PERIOD: Duration = Duration::from_millis(500);
+/// How soon a report of a full disk that got no answer is sent again.
+const FULL_REPORT_RETRY: Duration = Duration::from_millis(200);
 
 /// Counters of what the server did, for tests now and metrics later.
 #[derive(Debug, Default)]
@@ -104,6 +106,9 @@ pub(crate) struct Server {
     unserved: Mutex<Unserved>,
     /// When this server last told meta it is out of space.
     reported_full: Mutex<Option<std::time::Instant>>,
+    /// Reports of a full disk sent and not yet answered with the table they led to:
+    /// no read is served meanwhile (see [`Server::report_full`]).
+    leaving: AtomicU64,
     tasks: Mutex<JoinSet<()>>,
 }
 
@@ -143,6 +148,7 @@ impl Server {
             backlog: Mutex::new(HashMap::new()),
             unserved: Mutex::new(Unserved::default()),
             reported_full: Mutex::new(None),
+            leaving: AtomicU64::new(0),
             tasks: Mutex::new(JoinSet::new()),
         }
     }
@@ -252,7 +258,16 @@ impl Server {
 
     /// Tells meta, in the background and at most every `FULL_REPORT_PERIOD`, that this
     /// server refused a chain's write for lack of space, so that it leaves its chains.
-    fn report_full(&self) {
+    ///
+    /// Meta takes it out at once, not after a silence it would have fenced itself in, so
+    /// writes may be acknowledged on a chain without it while its own table still lists
+    /// it, and a reader with that old table could get its copy, older than a write
+    /// another mount finished (`stoa-fault --seed 784 --scenario disk-full`: a
+    /// compare-and-set under a lock read the value before another mount's fsynced
+    /// write). So from the report until meta's answer, which carries the table the
+    /// report led to, this server serves no reads; the answer is awaited, retried if
+    /// need be, and adopted before reads resume.
+    fn report_full(self: &Arc<Self>) {
         {
             let mut last = self.reported_full.lock().expect("report lock poisoned");
             if last.is_some_and(|t| t.elapsed() < FULL_REPORT_PERIOD) {
@@ -261,13 +276,38 @@ impl Server {
             *last = Some(std::time::Instant::now());
         }
         tracing::warn!("chunk server {} is out of space: asking meta to take it out", self.node);
-        let meta = self.meta.clone();
-        let op = MetaOp::ChunkServerFull { node: self.node };
+        self.leaving.fetch_add(1, Ordering::AcqRel);
+        let server = self.clone();
         self.spawn(async move {
-            if let Err(e) = meta.call(meta_request(op)).await {
-                tracing::warn!("reporting a full disk to meta: {e}");
+            loop {
+                match server.call_meta(MetaOp::ChunkServerFull { node: server.node }).await {
+                    Ok(MetaResponse::Heartbeat { table, .. }) => {
+                        if let Some(table) = table {
+                            server.adopt(table);
+                        }
+                        break;
+                    }
+                    // A meta of an earlier version answers without the table.
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!("reporting a full disk to meta: {e}; retrying");
+                        tokio::time::sleep(FULL_REPORT_RETRY).await;
+                    }
+                }
             }
+            server.leaving.fetch_sub(1, Ordering::AcqRel);
         });
+    }
+
+    /// Refuses a read while a report of a full disk awaits meta's answer.
+    fn check_not_leaving(&self) -> Result<(), FsError> {
+        if self.leaving.load(Ordering::Acquire) > 0 {
+            return Err(FsError::Unavailable(format!(
+                "chunk server {} is out of space and leaving its chains; read another replica",
+                self.node
+            )));
+        }
+        Ok(())
     }
 
     /// Repair progress for the next heartbeat.
@@ -321,6 +361,7 @@ impl Server {
                     None => self.disk(move |e| e.read(chunk, offset, len)).await,
                 };
                 self.check_settled(chunk)?;
+                self.check_not_leaving()?;
                 Ok((ChunkResponse::Data, Bytes::from(self.checked(chunk, data)?)))
             }
             op @ (ChunkOp::Write { chunk, .. } | ChunkOp::WriteRanges { chunk, .. }) => {

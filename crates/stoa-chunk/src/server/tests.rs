@@ -27,6 +27,9 @@ struct MetaState {
     synced: Vec<(NodeId, ChainId, u64)>,
     corrupt: Vec<(NodeId, ChunkId)>,
     full: Vec<NodeId>,
+    /// Holds back meta's answer to a full server's report, and any newer table from its
+    /// heartbeats: the moment after meta took it out and before it heard.
+    hold_full: bool,
     /// Inodes `DeadInodes` calls dead; `None` answers it `Unavailable`.
     dead: Option<Vec<InodeId>>,
 }
@@ -57,8 +60,10 @@ impl FakeMeta {
                 s.table.version += 1;
                 Ok(MetaResponse::Registered { node: id, cluster: CLUSTER })
             }
-            MetaOp::ChunkHeartbeat { table_version, .. } => Ok(MetaResponse::Heartbeat {
-                table: (table_version != s.table.version).then(|| s.table.clone()),
+            MetaOp::ChunkHeartbeat { node, table_version, .. } => Ok(MetaResponse::Heartbeat {
+                table: (table_version != s.table.version
+                    && !(s.hold_full && s.full.contains(&node)))
+                .then(|| s.table.clone()),
                 replicas: 3,
             }),
             MetaOp::GetChainTable => Ok(MetaResponse::ChainTable(s.table.clone())),
@@ -82,7 +87,10 @@ impl FakeMeta {
             }
             MetaOp::ChunkServerFull { node } => {
                 s.full.push(node);
-                Ok(MetaResponse::Done)
+                if s.hold_full {
+                    return Err(FsError::Unavailable("meta is busy".into()));
+                }
+                Ok(MetaResponse::Heartbeat { table: Some(s.table.clone()), replicas: 3 })
             }
             MetaOp::DeadInodes { inos } => match &s.dead {
                 Some(dead) => Ok(MetaResponse::DeadInodes(
@@ -399,6 +407,43 @@ async fn a_full_head_asks_to_leave_its_chains_and_applies_nothing() {
         for i in [1, 2] {
             assert_eq!(c.read(i, &shorter, chunk(0)).await.unwrap(), &b"new"[..], "replica {i}");
         }
+    })
+    .await;
+}
+
+/// Meta takes a full server out of its chains as soon as it reports, so writes may go on
+/// without it while it still has the old table, and so may a reader: until meta's answer
+/// brings the new table, the full server must serve no read, or the reader gets a copy
+/// older than a write that finished (`stoa-fault --seed 784 --scenario disk-full`: a
+/// compare-and-set under a lock read the value before another mount's fsynced write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_serves_no_read_until_meta_answered_its_report() {
+    bounded(async {
+        let c = Cluster::start_with_reserves([u64::MAX / 4, 0, 0]).await;
+        let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
+        c.converge().await;
+        c.meta.state.lock().unwrap().hold_full = true;
+        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
+        assert_eq!(err, FsError::NoSpace);
+        eventually("the full head reports to meta", || {
+            c.meta.state.lock().unwrap().full.contains(&c.node(0))
+        })
+        .await;
+        // Meta took it out; the write goes on without it.
+        let shorter = c.meta.set_chain(&[c.node(1), c.node(2)], &[]);
+        c.call(1, &shorter, write, b"new").await.unwrap();
+        let stale = c.read(0, &chain, chunk(0)).await;
+        assert!(matches!(stale, Err(FsError::Unavailable(_))), "read before the answer: {stale:?}");
+        // The answer comes with the new table: the old one is refused from then on.
+        c.meta.state.lock().unwrap().hold_full = false;
+        eventually("the full server hears from meta", || {
+            c.server(0).server.leaving.load(Ordering::Acquire) == 0
+        })
+        .await;
+        let old = c.read(0, &chain, chunk(0)).await;
+        assert!(matches!(old, Err(FsError::StaleChain { .. })), "read after the answer: {old:?}");
+        assert_eq!(c.read(1, &shorter, chunk(0)).await.unwrap(), &b"new"[..]);
     })
     .await;
 }
