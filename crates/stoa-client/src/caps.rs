@@ -133,6 +133,8 @@ struct Table {
     /// Caps this client dropped on its own, not yet told to the leader: those of files
     /// whose last name it removed itself (see [`send_released`]).
     released: Vec<CapRef>,
+    /// Whether a task is sending `released`.
+    releasing: bool,
 }
 
 impl Table {
@@ -158,8 +160,6 @@ pub(crate) struct Caps {
     max: usize,
     /// Whether a task is giving caps back.
     trimming: AtomicBool,
-    /// Whether a task is sending `Table::released`.
-    releasing: AtomicBool,
 }
 
 /// How an operation may go ahead on an inode; kept while the operation relies on it.
@@ -196,7 +196,6 @@ impl Caps {
             kernel: OnceLock::new(),
             max,
             trimming: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
         }
     }
 
@@ -973,26 +972,30 @@ fn give_back_idle(sh: &Arc<Shared>) {
 /// leader would recall each of them before it purges the file (a call and an ack per
 /// deleted file, 2 s after an `rm -r`). A call that fails costs only that recall.
 pub(crate) fn send_released(sh: &Arc<Shared>) {
-    if sh.caps.lock().released.is_empty() || sh.caps.releasing.swap(true, Ordering::AcqRel) {
-        return;
+    {
+        let mut t = sh.caps.lock();
+        if t.released.is_empty() || t.releasing {
+            return;
+        }
+        t.releasing = true;
     }
     let sh = sh.clone();
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(RELEASE_GATHER).await;
-            let released = std::mem::take(&mut sh.caps.lock().released);
-            if !released.is_empty() {
-                let op = MetaOp::CapsReleased { released };
-                if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
-                    tracing::debug!("telling the leader of caps given up: {e}");
-                }
-                continue;
-            }
-            sh.caps.releasing.store(false, Ordering::Release);
-            // A cap dropped since the take found the flag still set and left it here.
-            if sh.caps.lock().released.is_empty() || sh.caps.releasing.swap(true, Ordering::AcqRel)
-            {
+            // Taken, or the task ends, under one lock: a cap dropped later finds either
+            // this task still running or none.
+            let released = {
+                let mut t = sh.caps.lock();
+                t.releasing = !t.released.is_empty();
+                std::mem::take(&mut t.released)
+            };
+            if released.is_empty() {
                 break;
+            }
+            let op = MetaOp::CapsReleased { released };
+            if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
+                tracing::debug!("telling the leader of caps given up: {e}");
             }
         }
     });
@@ -1150,6 +1153,16 @@ mod tests {
     }
 
     /// A lookup of `name` in `DIR` answered with grants `seq` (the child) and `dir_seq`.
+    /// Caps with `DIR` held exclusively, with its (empty) listing.
+    fn holding_dir() -> Caps {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let mut dir = attr(DIR);
+        dir.kind = FileKind::Dir;
+        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries: vec![] }));
+        caps
+    }
+
     fn looked_up(caps: &Caps, name: &[u8], child: InodeId, seq: u64, dir_seq: u64) {
         let grant = Grant { attr: attr(child), mode: CapMode::Shared, seq, dir_seq };
         assert!(caps.store(&grant, Some((DIR, name))));
@@ -1280,11 +1293,7 @@ mod tests {
     /// with EEXIST right after the same mount renamed the name away).
     #[test]
     fn a_name_removed_or_renamed_here_is_not_found_once_the_listing_goes() {
-        let caps = Caps::new(16);
-        caps.renewed(Instant::now(), Duration::from_secs(10));
-        let mut dir = attr(DIR);
-        dir.kind = FileKind::Dir;
-        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries: vec![] }));
+        let caps = holding_dir();
         let (a, b) = (InodeId(2), InodeId(3));
         assert!(caps.record_change(DIR, b"n3", Change::Created(attr(a))).is_some());
         assert!(caps.record_change(DIR, b"n5", Change::Created(attr(b))).is_some());
@@ -1302,11 +1311,7 @@ mod tests {
     /// leader without a recall: every grant of it, one that was still on its way too.
     #[test]
     fn a_file_removed_here_is_given_back_whole_and_a_late_grant_of_it_is_not_kept() {
-        let caps = Caps::new(16);
-        caps.renewed(Instant::now(), Duration::from_secs(10));
-        let mut dir = attr(DIR);
-        dir.kind = FileKind::Dir;
-        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries: vec![] }));
+        let caps = holding_dir();
         let (kept, gone, replaced) = (InodeId(2), InodeId(3), InodeId(4));
         for (name, ino) in [(&b"k"[..], kept), (b"g", gone), (b"r", replaced)] {
             assert!(caps.record_change(DIR, name, Change::Created(attr(ino))).is_some());

@@ -390,13 +390,7 @@ async fn a_full_head_asks_to_leave_its_chains_and_applies_nothing() {
         let c = Cluster::start_with_reserves([u64::MAX / 4, 0, 0]).await;
         let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
         c.converge().await;
-        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
-        let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
-        assert_eq!(err, FsError::NoSpace);
-        eventually("the full head reports to meta", || {
-            c.meta.state.lock().unwrap().full.contains(&c.node(0))
-        })
-        .await;
+        let write = refused_by_full_head(&c, &chain).await;
         for i in [1, 2] {
             assert_eq!(c.read(i, &chain, chunk(0)).await.unwrap(), &b""[..], "replica {i}");
         }
@@ -411,6 +405,19 @@ async fn a_full_head_asks_to_leave_its_chains_and_applies_nothing() {
     .await;
 }
 
+/// Writes `new` to chunk 0 at server 0, a full head: refused with `NoSpace`, and
+/// reported to meta. Returns the write, for its retry on the chain without the head.
+async fn refused_by_full_head(c: &Cluster, chain: &Chain) -> ChunkOp {
+    let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+    let err = c.call(0, chain, write.clone(), b"new").await.unwrap_err();
+    assert_eq!(err, FsError::NoSpace);
+    eventually("the full head reports to meta", || {
+        c.meta.state.lock().unwrap().full.contains(&c.node(0))
+    })
+    .await;
+    write
+}
+
 /// Meta takes a full server out of its chains as soon as it reports, so writes may go on
 /// without it while it still has the old table, and so may a reader: until meta's answer
 /// brings the new table, the full server must serve no read, or the reader gets a copy
@@ -423,13 +430,7 @@ async fn a_full_server_serves_no_read_until_meta_answered_its_report() {
         let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
         c.converge().await;
         c.meta.state.lock().unwrap().hold_full = true;
-        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
-        let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
-        assert_eq!(err, FsError::NoSpace);
-        eventually("the full head reports to meta", || {
-            c.meta.state.lock().unwrap().full.contains(&c.node(0))
-        })
-        .await;
+        let write = refused_by_full_head(&c, &chain).await;
         // Meta took it out; the write goes on without it.
         let shorter = c.meta.set_chain(&[c.node(1), c.node(2)], &[]);
         c.call(1, &shorter, write, b"new").await.unwrap();
