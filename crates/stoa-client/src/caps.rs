@@ -1073,7 +1073,7 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
         sh.session.backlog.wait_all().await;
         if dropped.is_some() {
             if let Some(file) = sh.open_file(r.ino) {
-                if let Err(e) = file.flush_unowned(&sh).await {
+                if let Err(e) = file.flush_recalled(&sh).await {
                     // The file keeps the error for every handle's next flush, fsync
                     // or close.
                     tracing::warn!("flushing inode {} for a recall: {e}", r.ino);

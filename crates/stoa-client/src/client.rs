@@ -361,6 +361,12 @@ impl Client {
         self.check_session(&handle)?;
         handle.file.write(&self.sh, offset, data, &handle.errors).await?;
         if let Access::Uncapped { .. } = access {
+            // The recall stops counting this write once it is buffered: it neither
+            // waits for its chunk write nor for its commit (`FileState::flush_recalled`),
+            // which may wait at meta for the session this recall serves (caps.md
+            // invariant 29). An append keeps its count to the end: its offset is only
+            // taken once its commit is in.
+            drop(access);
             handle.file.flush(&self.sh, &handle.errors).await?;
         }
         Ok(data.len() as u32)

@@ -87,6 +87,16 @@ pub(crate) struct FileInner {
     inflight: BTreeMap<u64, Batch>,
     /// Queued and in-flight chunk writes.
     pending: usize,
+    /// Every extent queued gets the next ticket; per chunk, the oldest ticket its queued
+    /// extent and its write in flight hold (an extent merged into a queued one is sent
+    /// with it, so the older ticket stands for both). A recall waits for the tickets
+    /// issued before it began, not for writes made uncapped while it runs
+    /// ([`FileState::flush_recalled`]).
+    tickets: u64,
+    queued_since: BTreeMap<u64, u64>,
+    inflight_since: BTreeMap<u64, u64>,
+    /// Every ticket up to this one is written and its size commit answered.
+    committed_through: u64,
     /// The furthest end of chunk writes that finished but are not yet committed to meta.
     commit_end: Option<u64>,
     /// Whether a CommitWrite of this file is in flight.
@@ -134,6 +144,20 @@ impl FileInner {
     pub(crate) fn fail(&mut self, e: FsError) {
         self.error = Some(e);
         self.error_seq += 1;
+    }
+
+    /// Every ticket up to the one returned has its chunk write finished.
+    fn finished_through(&self) -> u64 {
+        let oldest = self.queued_since.values().chain(self.inflight_since.values()).min();
+        oldest.map_or(self.tickets, |t| t - 1)
+    }
+
+    /// Every ticket up to `through` is written and committed, or failed: its chunk
+    /// write finished, and either a commit covering it was answered or no commit is
+    /// left at all (a failed write has none).
+    fn settled_through(&self, through: u64) -> bool {
+        let no_commit = self.commit_end.is_none() && !self.committing && self.batched.is_none();
+        self.finished_through() >= through && (self.committed_through >= through || no_commit)
     }
 
     pub fn is_idle(&self) -> bool {
@@ -225,6 +249,10 @@ impl FileState {
                 queue: BTreeMap::new(),
                 inflight: BTreeMap::new(),
                 pending: 0,
+                tickets: 0,
+                queued_since: BTreeMap::new(),
+                inflight_since: BTreeMap::new(),
+                committed_through: 0,
                 commit_end: None,
                 committing: false,
                 batched: None,
@@ -316,6 +344,9 @@ impl FileState {
             inner.queue.keys().filter(|k| !inner.inflight.contains_key(k)).copied().collect();
         for index in ready {
             let Some(extent) = inner.queue.remove(&index) else { continue };
+            if let Some(since) = inner.queued_since.remove(&index) {
+                inner.inflight_since.insert(index, since);
+            }
             let batch = extent.into_batch();
             inner.inflight.insert(index, batch.clone());
             let (file, sh) = (self.clone(), sh.clone());
@@ -335,6 +366,7 @@ impl FileState {
         {
             let mut inner = self.lock();
             inner.inflight.remove(&index);
+            inner.inflight_since.remove(&index);
             inner.pending -= 1;
             match result {
                 Ok(()) => {
@@ -387,10 +419,13 @@ impl FileState {
         let commit = Commit { ino: self.ino, size: end, at: Timestamp::now() };
         let number = dirops::queue_commit(sh, commit, generation);
         inner.batched = Some(number);
+        let covers = inner.finished_through();
         let (file, sh) = (self.clone(), sh.clone());
         tokio::spawn(async move {
             sh.dirops.commit_log.wait(number).await;
             let mut inner = file.lock();
+            // The commit log answers in order: every earlier commit is answered too.
+            inner.committed_through = inner.committed_through.max(covers);
             if inner.batched == Some(number) {
                 inner.batched = None;
             }
@@ -418,10 +453,11 @@ impl FileState {
     /// sees one update per round trip, not one per chunk write.
     async fn commit_loop(self: Arc<Self>, sh: &Shared) {
         loop {
-            let (end, generation) = {
+            let (end, generation, covers) = {
                 let mut inner = self.lock();
                 let Some(end) = inner.commit_end.take() else { break };
-                (end, inner.dirty_generation.unwrap_or_else(|| sh.caps.generation()))
+                let generation = inner.dirty_generation.unwrap_or_else(|| sh.caps.generation());
+                (end, generation, inner.finished_through())
             };
             // Fenced like the chunk writes it commits: after the caps lapsed, in the
             // session it was written in only (a new session would take it).
@@ -447,6 +483,11 @@ impl FileState {
                     inner.fail(e);
                 }
             }
+            // Answered (or failed, for every handle to see): a recall waiting for these
+            // writes may go on while the loop commits later ones.
+            inner.committed_through = inner.committed_through.max(covers);
+            drop(inner);
+            self.changed.notify_waiters();
         }
         let mut inner = self.lock();
         inner.committing = false;
@@ -498,17 +539,23 @@ impl FileState {
     /// Queues everything buffered and starts sending it; returns whether the file was
     /// idle already.
     fn send_all(self: &Arc<Self>, sh: &Arc<Shared>) -> bool {
-        let idle = {
+        self.send_all_through(sh).is_none()
+    }
+
+    /// [`FileState::send_all`], returning the last ticket issued unless the file was
+    /// idle.
+    fn send_all_through(self: &Arc<Self>, sh: &Arc<Shared>) -> Option<u64> {
+        let through = {
             let mut inner = self.lock();
             for extent in inner.buffer.take_all() {
                 enqueue(&mut inner, sh, extent);
             }
-            inner.is_idle()
+            (!inner.is_idle()).then_some(inner.tickets)
         };
-        if !idle {
+        if through.is_some() {
             self.pump(sh);
         }
-        idle
+        through
     }
 
     /// What a `close` waits for: every write buffered is applied on every server of its
@@ -526,6 +573,23 @@ impl FileState {
     ) -> Result<(), FsError> {
         if !self.send_all(sh) {
             self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
+        }
+        seen.check(&self.lock(), false)
+    }
+
+    /// Flushes for a recall of the file's cap: what was written before the recall began
+    /// is applied on every server of its chains and its size committed; writes made
+    /// uncapped since (the recall sends later ones through at once) are not waited for.
+    /// Their commits may wait at meta for the very client whose request this recall
+    /// serves, and that client's own commit for this recall's ack: waiting for them
+    /// would close the circle (docs/flows/caps.md, invariant 29). Reports like
+    /// [`FileState::flush_unowned`].
+    pub async fn flush_recalled(self: &Arc<Self>, sh: &Arc<Shared>) -> Result<(), FsError> {
+        let seen = self.error_cursor();
+        if let Some(through) = self.send_all_through(sh) {
+            let finished = self.wait_until(|inner| inner.finished_through() >= through);
+            tokio::join!(finished, sh.dirops.commit_log.wait_all());
+            self.wait_until(|inner| inner.settled_through(through)).await;
         }
         seen.check(&self.lock(), false)
     }
@@ -635,6 +699,9 @@ fn enqueue(inner: &mut FileInner, sh: &Shared, extent: Extent) {
         }
         None => {
             inner.pending += 1;
+            inner.tickets += 1;
+            let ticket = inner.tickets;
+            inner.queued_since.insert(extent.index, ticket);
             let bytes = extent.bytes();
             inner.queue.insert(extent.index, extent);
             (0, bytes)

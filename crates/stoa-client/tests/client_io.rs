@@ -191,7 +191,7 @@ async fn a_close_waits_for_the_data_and_an_fsync_for_the_size_too() {
     let ino = new_file(&client, b"small").await;
     let fh = client.open(ino).await.unwrap();
     let data = pattern(4096, 3);
-    cluster.hold_commits.store(true, Ordering::SeqCst);
+    cluster.hold_commits_above.store(0, Ordering::SeqCst);
     client.write(fh, 0, &data).await.unwrap();
     let closed = tokio::time::timeout(std::time::Duration::from_secs(10), client.release(fh));
     closed.await.expect("the close waited for the size commit").unwrap();
@@ -208,9 +208,69 @@ async fn a_close_waits_for_the_data_and_an_fsync_for_the_size_too() {
     });
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert!(!syncing.is_finished(), "an fsync returned before the size was on meta");
-    cluster.hold_commits.store(false, Ordering::SeqCst);
+    cluster.hold_commits_above.store(u64::MAX, Ordering::SeqCst);
     syncing.await.unwrap().unwrap();
     assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 4096);
+    client.release(fh).await.unwrap();
+}
+
+/// A recall flushes what was written under the cap and acks; it does not wait for a
+/// write made uncapped after it began, whose commit may wait at meta for the session
+/// the recall serves (docs/flows/caps.md invariant 29). Here that commit is held until
+/// the ack came: before, the recall waited for it, and the two waited for each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_does_not_wait_for_a_write_made_uncapped_after_it_began() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"recalled").await;
+    let fh = client.open(ino).await.unwrap();
+    let (before, after) = (pattern(4096, 1), pattern(4096, 2));
+    cluster.hold_commits_above.store(0, Ordering::SeqCst);
+    client.write(fh, 0, &before).await.unwrap();
+    let seq = cluster.state.lock().unwrap().granted[&ino.0];
+    let recall = stoa_proto::CapRef { ino, seq };
+    cluster.state.lock().unwrap().recalls.push(recall);
+    // The recall sent the buffered write; its commit arrives and is held.
+    let arrived = |n: u64| {
+        let state = cluster.state.clone();
+        async move {
+            while state.lock().unwrap().commits_arrived < n {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), arrived(1)).await.unwrap();
+    let later = tokio::spawn({
+        let (client, after) = (client.clone(), after.clone());
+        async move { client.write(fh, 8192, &after).await }
+    });
+    let written = |n: u64| {
+        let state = cluster.state.clone();
+        async move {
+            while state.lock().unwrap().chunk_writes < n {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), written(2)).await.unwrap();
+    // The first commit goes through; the uncapped write's (to 12 KiB) stays held.
+    cluster.hold_commits_above.store(4096, Ordering::SeqCst);
+    let acked = async {
+        while !cluster.state.lock().unwrap().released.contains(&recall) {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), acked)
+        .await
+        .expect("the recall waited for the write made after it began");
+    assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 4096);
+    assert!(!later.is_finished(), "the uncapped write returned before its commit");
+    cluster.hold_commits_above.store(u64::MAX, Ordering::SeqCst);
+    later.await.unwrap().unwrap();
+    assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 12288);
+    let mut want = before;
+    want.resize(8192, 0);
+    want.extend_from_slice(&after);
+    assert_eq!(client.read(fh, 0, 16384).await.unwrap(), want);
     client.release(fh).await.unwrap();
 }
 

@@ -117,7 +117,7 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
     .unwrap();
 
     eprintln!("step: a close does not wait for the size commit, the unmount does");
-    cluster.hold_commits.store(true, std::sync::atomic::Ordering::SeqCst);
+    cluster.hold_commits_above.store(0, std::sync::atomic::Ordering::SeqCst);
     let root = mnt.clone();
     tokio::task::spawn_blocking(move || {
         std::fs::write(root.join("small.bin"), [7u8; 4096]).unwrap();
@@ -131,7 +131,7 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
         st.attrs[&ino].size
     };
     assert_eq!(size(&cluster), 0, "the commit is held at meta");
-    cluster.hold_commits.store(false, std::sync::atomic::Ordering::SeqCst);
+    cluster.hold_commits_above.store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
 
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(20), task).await.unwrap().unwrap().unwrap();

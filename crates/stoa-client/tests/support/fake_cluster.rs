@@ -5,11 +5,11 @@
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_proto::{
-    BatchOp, ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse, Reply,
-    Request, Response, SessionGrant,
+    BatchOp, CapRef, ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse,
+    Reply, Request, Response, SessionGrant,
 };
 use stoa_types::{
     Attr, Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, DirEntry, FileKind, FsError,
@@ -38,6 +38,13 @@ pub struct State {
     /// Size commits answered: `CommitWrite` calls, and those carried by `CommitWrites`.
     pub commit_calls: u64,
     pub batched_commits: u64,
+    /// Size commits that arrived (held or not).
+    pub commits_arrived: u64,
+    /// The last cap granted per inode.
+    pub granted: HashMap<u64, u64>,
+    /// Recalls for the client's next `CapEvents` poll, and the caps it gave back.
+    pub recalls: Vec<CapRef>,
+    pub released: Vec<CapRef>,
     answered: HashMap<(u64, u64), Reply>,
     next_ino: u64,
     cap_seq: u64,
@@ -50,8 +57,9 @@ pub struct FakeCluster {
     pub busy_writes: Arc<AtomicU32>,
     /// Chunk writes still to refuse with `NoSpace`, a failure the client does not retry.
     pub full_writes: Arc<AtomicU32>,
-    /// While set, size commits (`CommitWrite`, `CommitWrites`) wait before they apply.
-    pub hold_commits: Arc<AtomicBool>,
+    /// Size commits (`CommitWrite`, `CommitWrites`) to a size above this wait before
+    /// they apply: 0 holds every commit of data, `u64::MAX` (the start) none.
+    pub hold_commits_above: Arc<AtomicU64>,
 }
 
 struct Handler {
@@ -60,7 +68,7 @@ struct Handler {
     state: Arc<Mutex<State>>,
     busy_writes: Arc<AtomicU32>,
     full_writes: Arc<AtomicU32>,
-    hold_commits: Arc<AtomicBool>,
+    hold_commits_above: Arc<AtomicU64>,
 }
 
 /// Takes one from `counter` if it is above zero; says whether it did.
@@ -96,32 +104,43 @@ impl FakeCluster {
         let state = Arc::new(Mutex::new(state));
         let busy_writes = Arc::new(AtomicU32::new(0));
         let full_writes = Arc::new(AtomicU32::new(0));
-        let hold_commits = Arc::new(AtomicBool::new(false));
+        let hold_commits_above = Arc::new(AtomicU64::new(u64::MAX));
         let handler = Handler {
             addr,
             chunk_size,
             state: state.clone(),
             busy_writes: busy_writes.clone(),
             full_writes: full_writes.clone(),
-            hold_commits: hold_commits.clone(),
+            hold_commits_above: hold_commits_above.clone(),
         };
         tokio::spawn(stoa_net::serve(listener, Arc::new(handler)));
-        FakeCluster { addr, state, busy_writes, full_writes, hold_commits }
+        FakeCluster { addr, state, busy_writes, full_writes, hold_commits_above }
     }
 }
 
 impl stoa_net::Handler for Handler {
     async fn handle(&self, req: Request, payload: Bytes, _: SocketAddr) -> (Reply, Bytes) {
         match req {
-            // A one-client meta never recalls: the events poll just waits and answers
-            // empty, as the real one does after its hold.
+            // The events poll answers the recalls a test queued, or empty after a hold,
+            // as the real one does.
             Request::Meta(m) if matches!(m.op, MetaOp::CapEvents { .. }) => {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                for _ in 0..40 {
+                    if !self.state.lock().unwrap().recalls.is_empty() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
                 (self.meta(m), Bytes::new())
             }
             Request::Meta(m) => {
-                if matches!(m.op, MetaOp::CommitWrite { .. } | MetaOp::CommitWrites { .. }) {
-                    while self.hold_commits.load(Ordering::SeqCst) {
+                let largest = match &m.op {
+                    MetaOp::CommitWrite { size, .. } => Some(*size),
+                    MetaOp::CommitWrites { commits } => commits.iter().map(|c| c.size).max(),
+                    _ => None,
+                };
+                if let Some(size) = largest {
+                    self.state.lock().unwrap().commits_arrived += 1;
+                    while size > self.hold_commits_above.load(Ordering::SeqCst) {
                         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                     }
                 }
@@ -310,7 +329,7 @@ impl Handler {
                 files: st.attrs.len() as u64,
             }),
             MetaOp::CloseSession => MetaResponse::Done,
-            // One client: every cap is granted at once, and nothing is ever recalled.
+            // One client: every cap is granted at once; only a test recalls.
             MetaOp::GetCaps { ino, name, mode } => {
                 let ino = match name {
                     None => ino.0,
@@ -322,11 +341,18 @@ impl Handler {
                         .ok_or(FsError::NotFound)?,
                 };
                 st.cap_seq += 1;
+                let seq = st.cap_seq;
+                st.granted.insert(ino, seq);
                 let attr = st.attrs.get(&ino).cloned().ok_or(FsError::NotFound)?;
                 MetaResponse::Caps { attr, mode, seq: st.cap_seq, dir_seq: st.cap_seq }
             }
-            MetaOp::CapEvents { .. } => MetaResponse::CapEvents { recalls: vec![], term: 0 },
-            MetaOp::CapsReleased { .. } => MetaResponse::Done,
+            MetaOp::CapEvents { .. } => {
+                MetaResponse::CapEvents { recalls: std::mem::take(&mut st.recalls), term: 0 }
+            }
+            MetaOp::CapsReleased { released } => {
+                st.released.extend(released);
+                MetaResponse::Done
+            }
             // Directories are never handed out here, so the client makes every namespace
             // change through meta; its batches carry only the releases of last closes.
             MetaOp::TakeDir { .. } => MetaResponse::Dir(None),
