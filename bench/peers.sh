@@ -257,10 +257,13 @@ two_clients() {
     local sys=$1 m v=()
     echo "bench: $sys: 2 clients, metadata" >&2
     # Wait for these two only: a bare `wait` would also wait for the daemons.
-    local pids=()
+    # In step: each phase starts on both mounts at once (stoa bench --together), so
+    # the sum is of the same operation on both, not of whichever phases met.
+    local pids=() step="$tmp/2c-step-$sys"
+    mkdir -p "$step"
     for m in a b; do
         "$STOA" bench "$tmp/$sys/$m" --only meta --workers 1 --files "$files" --dirs "$dirs" \
-            --reps "$reps" --quiet --csv "$tmp/2c-$m.csv" >/dev/null &
+            --reps "$reps" --quiet --csv "$tmp/2c-$m.csv" --together "$step" >/dev/null &
         pids+=($!)
     done
     wait "${pids[@]}"

@@ -22,7 +22,7 @@ use anyhow::{bail, Context};
 use report::Row;
 use std::path::PathBuf;
 use std::time::Duration;
-use workloads::{Ctx, Sample};
+use workloads::{Ctx, Sample, Together};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -75,6 +75,14 @@ pub struct Args {
     /// No progress line on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Run in step with other `stoa bench` processes given the same DIR (on a local
+    /// filesystem they share) and the same plan: each timed phase starts when all
+    /// `--clients` of them reached it. For figures of several mounts at once.
+    #[arg(long, value_name = "DIR")]
+    together: Option<PathBuf>,
+    /// How many processes share `--together`.
+    #[arg(long, default_value_t = 2, requires = "together")]
+    clients: usize,
 }
 
 /// The sizes of one run, after defaults.
@@ -201,7 +209,13 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let plan = plan(&args.only, &parse_workers(&args.workers)?, args.churn)?;
     let dir = args.mnt.join(format!("stoa-bench.{}", std::process::id()));
     std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let ctx = Ctx { dir: dir.clone(), quiet: args.quiet };
+    let together = match &args.together {
+        Some(d) if !d.is_dir() => bail!("--together: {} is not a directory", d.display()),
+        Some(_) if args.clients < 2 => bail!("--clients: at least 2 run together"),
+        Some(d) => Some(Together::new(d.clone(), args.clients)),
+        None => None,
+    };
+    let ctx = Ctx { dir: dir.clone(), quiet: args.quiet, together };
     let reps = if args.churn.is_some() { 1 } else { args.reps };
     eprintln!(
         "stoa bench: {} ({sizes:?}, {reps} repetition(s), load {:.2})",

@@ -31,6 +31,55 @@ pub struct Sample {
 pub struct Ctx {
     pub dir: PathBuf,
     pub quiet: bool,
+    /// Set when several `stoa bench` processes (one per mount) run the same plan at
+    /// once: each timed phase starts when all of them have reached it.
+    pub together: Option<Together>,
+}
+
+/// A barrier between `clients` benchmark processes, through a directory of a local
+/// filesystem they share (not the one measured): a process reaching its `n`th phase
+/// creates `n.<pid>` there, and starts once `clients` such names exist. Without it, two
+/// clients' phases drift apart and one's mkdirs overlap the other's stats, so a "two
+/// clients at once" figure would measure whichever phases happened to meet.
+pub struct Together {
+    pub dir: PathBuf,
+    pub clients: usize,
+    reached: AtomicU64,
+}
+
+/// How long a client waits for the others at a phase before giving up.
+const TOGETHER_WAIT: Duration = Duration::from_secs(600);
+
+impl Together {
+    pub fn new(dir: PathBuf, clients: usize) -> Together {
+        Together { dir, clients, reached: AtomicU64::new(0) }
+    }
+
+    /// Waits until every client has reached this process's next phase.
+    fn wait(&self, label: &str) -> anyhow::Result<()> {
+        let n = self.reached.fetch_add(1, Ordering::Relaxed);
+        let mark = self.dir.join(format!("{n}.{}", std::process::id()));
+        File::create(&mark).with_context(|| format!("create {}", mark.display()))?;
+        let prefix = format!("{n}.");
+        let give_up = Instant::now() + TOGETHER_WAIT;
+        loop {
+            let here = std::fs::read_dir(&self.dir)
+                .with_context(|| format!("list {}", self.dir.display()))?
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .count();
+            if here >= self.clients {
+                return Ok(());
+            }
+            if Instant::now() > give_up {
+                bail!(
+                    "{label}: {here} of {} clients reached it within {TOGETHER_WAIT:?}",
+                    self.clients
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 impl Ctx {
@@ -80,6 +129,9 @@ fn parallel<F>(
 where
     F: Fn(u64, u64) -> anyhow::Result<()> + Sync,
 {
+    if let Some(together) = &ctx.together {
+        together.wait(label)?;
+    }
     let parts = split(total, workers);
     let base = gap.completed();
     let mut progress = Progress::new(label, total, ctx.quiet);
@@ -517,4 +569,33 @@ pub fn churn(ctx: &Ctx, workers: u64, secs: u64, grace: Duration) -> anyhow::Res
         max_gap,
         errors,
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_starts_only_when_the_other_client_reached_it_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let together = Together::new(dir.path().to_path_buf(), 2);
+        let other = dir.path().join("0.1");
+        let arrives = std::thread::spawn({
+            let other = other.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(100));
+                let came = Instant::now();
+                File::create(other).unwrap();
+                came
+            }
+        });
+        together.wait("first phase").unwrap();
+        let released = Instant::now();
+        assert!(released >= arrives.join().unwrap(), "started before the other client came");
+        assert!(dir.path().join(format!("0.{}", std::process::id())).exists());
+        // The next phase counts its own arrivals: the first phase's names do not count.
+        File::create(dir.path().join("1.1")).unwrap();
+        together.wait("second phase").unwrap();
+        assert!(dir.path().join(format!("1.{}", std::process::id())).exists());
+    }
 }
