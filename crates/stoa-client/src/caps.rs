@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
-use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
+use stoa_types::{Attr, DirEntry, FileKind, FsError, InodeId, SessionId, Timestamp};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 /// A name in a directory: the directory and the name.
@@ -88,8 +88,8 @@ struct Held {
     /// directory's lock.
     kernel_names: bool,
     /// Every entry of this directory, under an exclusive cap taken with its listing
-    /// (`dirops`): lookups are answered from it and changes are made in it.
-    listing: Option<HashMap<Vec<u8>, InodeId>>,
+    /// (`dirops`): lookups and listings are answered from it and changes are made in it.
+    listing: Option<HashMap<Vec<u8>, (InodeId, FileKind)>>,
     /// The events tick (`Table::tick`) of the cap's last use, for giving back the least
     /// recently used ones.
     used: u64,
@@ -339,7 +339,28 @@ impl Caps {
         let t = self.lock();
         Caps::remaining(&t)?;
         let h = t.held.get(&parent).filter(|h| h.mode == CapMode::Exclusive)?;
-        Some(h.listing.as_ref()?.get(name).copied())
+        Some(h.listing.as_ref()?.get(name).map(|&(ino, _)| ino))
+    }
+
+    /// A page of the listing of `dir` in name order, as meta's `ReadDir` gives it: up to
+    /// `limit` entries named after `after`, and whether more follow. `None` without a
+    /// usable exclusive cap taken with the listing: nobody else can change the
+    /// directory meanwhile, and this client's own changes, some still on their way to
+    /// meta, are in it, as for lookups.
+    pub fn list(&self, dir: InodeId, after: &[u8], limit: u32) -> Option<(Vec<DirEntry>, bool)> {
+        let t = self.lock();
+        Caps::remaining(&t)?;
+        let h = t.held.get(&dir).filter(|h| h.mode == CapMode::Exclusive)?;
+        let mut later: Vec<(&Vec<u8>, &(InodeId, FileKind))> =
+            h.listing.as_ref()?.iter().filter(|(name, _)| name.as_slice() > after).collect();
+        later.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let more = later.len() > limit as usize;
+        later.truncate(limit as usize);
+        let page = later
+            .into_iter()
+            .map(|(name, &(ino, kind))| DirEntry { name: name.clone(), ino, kind })
+            .collect();
+        Some((page, more))
     }
 
     /// Whether this client holds the exclusive cap on `ino` with its attributes: it alone
@@ -366,7 +387,7 @@ impl Caps {
         {
             return false;
         }
-        let listing = grant.entries.iter().map(|e| (e.name.clone(), e.ino)).collect();
+        let listing = grant.entries.iter().map(|e| (e.name.clone(), (e.ino, e.kind))).collect();
         let h = t.held.entry(ino).or_insert_with(empty_held);
         h.mode = CapMode::Exclusive;
         h.seq = h.seq.max(grant.seq);
@@ -388,7 +409,7 @@ impl Caps {
         let listing = h.listing.as_mut()?;
         let (at, subdirs) = match &change {
             Change::Created(attr) => {
-                listing.insert(name.to_vec(), attr.ino);
+                listing.insert(name.to_vec(), (attr.ino, attr.kind));
                 h.names.insert(name.to_vec(), attr.ino);
                 (attr.ctime, i32::from(attr.kind == FileKind::Dir))
             }
@@ -448,12 +469,15 @@ impl Caps {
         if !usable(t.held.get(&from.0)) || !usable(t.held.get(&to.0)) {
             return None;
         }
+        // The new name is listed with the kind the old one was.
+        let listed = |h: &Held| h.listing.as_ref()?.get(from.1).map(|&(_, kind)| kind);
+        let kind = t.held.get(&from.0).and_then(listed)?;
         for (dir, name, entry) in [(from.0, from.1, None), (to.0, to.1, Some(child))] {
             let h = t.held.get_mut(&dir).expect("checked above");
             let listing = h.listing.as_mut().expect("checked above");
             match entry {
                 Some(ino) => {
-                    listing.insert(name.to_vec(), ino);
+                    listing.insert(name.to_vec(), (ino, kind));
                     h.names.insert(name.to_vec(), ino);
                     // The kernel moved its entry here, TTL and all.
                     h.kernel_names = true;
@@ -1305,6 +1329,31 @@ mod tests {
         assert_eq!(caps.cached_name(DIR, b"n3"), None, "renamed away");
         assert_eq!(caps.cached_name(DIR, b"n5"), None, "removed");
         assert_eq!(caps.cached_name(DIR, b"n4"), Some(a));
+    }
+
+    /// A directory held with its listing is listed here, in meta's order (by name
+    /// bytes) and pages (after a name, up to a limit), with the changes made here, a
+    /// renamed entry keeping its kind; without the listing, nothing is answered here.
+    #[test]
+    fn a_directory_held_with_its_listing_is_listed_here_in_pages() {
+        let caps = holding_dir();
+        let mut sub = attr(InodeId(4));
+        sub.kind = FileKind::Dir;
+        assert!(caps.record_change(DIR, b"b", Change::Created(attr(InodeId(2)))).is_some());
+        assert!(caps.record_change(DIR, b"c", Change::Created(attr(InodeId(3)))).is_some());
+        assert!(caps.record_change(DIR, b"a", Change::Created(sub)).is_some());
+        let at = Timestamp::now();
+        assert!(caps.record_rename(((DIR, b"a"), (DIR, b"d")), InodeId(4), None, at).is_some());
+        let entry =
+            |name: &[u8], ino: u64, kind| DirEntry { name: name.to_vec(), ino: InodeId(ino), kind };
+        let (first, more) = caps.list(DIR, b"", 2).unwrap();
+        assert_eq!(first, vec![entry(b"b", 2, FileKind::File), entry(b"c", 3, FileKind::File)]);
+        assert!(more);
+        let (rest, more) = caps.list(DIR, b"c", 2).unwrap();
+        assert_eq!(rest, vec![entry(b"d", 4, FileKind::Dir)]);
+        assert!(!more);
+        caps.drop_listing(DIR);
+        assert_eq!(caps.list(DIR, b"", 2), None);
     }
 
     /// A file whose last name this client removed, not open here, is given back to the

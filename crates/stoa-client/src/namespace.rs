@@ -239,6 +239,11 @@ impl Client {
         // Another client holding the directory exclusively may have changed it without
         // meta knowing yet: its cap is recalled (and its changes sent) first.
         let _access = self.access(ino, CapMode::Shared).await?;
+        // Held exclusively with its listing: listed here, without asking meta or
+        // waiting for this client's own changes to get there.
+        if let Some(page) = self.sh.caps.list(ino, after, limit) {
+            return Ok(page);
+        }
         let op = MetaOp::ReadDir { ino, after: after.to_vec(), limit };
         match self.sh.session.call(op).await? {
             MetaResponse::Entries { entries, more } => Ok((entries, more)),
