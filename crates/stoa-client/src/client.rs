@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use stoa_net::Pool;
 use stoa_proto::{CapMode, MetaOp};
 use stoa_types::{validate_name, Attr, FileKind, FsError, InodeId, SessionId};
@@ -50,6 +51,11 @@ pub(crate) struct Shared {
     pub chunk_size: u32,
     /// Bytes of chunk writes queued or in flight, over every file.
     pub pending_bytes: AtomicUsize,
+    /// Chunk writes queued or in flight, over every file.
+    pub pending_writes: AtomicUsize,
+    /// When a write-behind last failed: for a while after, every close waits for its
+    /// writes again (see `FileState::close`).
+    pub write_failed_at: Mutex<Option<Instant>>,
     /// Signalled whenever a chunk write finishes, for writers waiting for room.
     pub pending_changed: Notify,
     pub prefetch_bytes: Arc<AtomicUsize>,
@@ -109,6 +115,8 @@ impl Client {
             io: ChunkIo::new(pool, session.clone(), chains),
             chunk_size: grant.chunk_size_bytes,
             pending_bytes: AtomicUsize::new(0),
+            pending_writes: AtomicUsize::new(0),
+            write_failed_at: Mutex::new(None),
             pending_changed: Notify::new(),
             prefetch_bytes: Arc::new(AtomicUsize::new(0)),
             files: Mutex::new(HashMap::new()),
@@ -399,8 +407,9 @@ impl Client {
         Ok(offset)
     }
 
-    /// Sends the buffered writes of the handle's file and waits until every server of
-    /// their chains applied them; the size commit follows in the background.
+    /// Sends the buffered writes of the handle's file and, unless the file is held
+    /// exclusively (`FileState::close`), waits until every server of their chains
+    /// applied them; the size commit follows in the background.
     pub async fn flush(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
         let flushed = handle.file.close(&self.sh, &handle.errors).await;

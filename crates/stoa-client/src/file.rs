@@ -13,8 +13,9 @@
 //!
 //!  fsync/truncate/recall: push the buffer out, wait until nothing is queued, in flight
 //!  or uncommitted, report the first error; fsync then sends Sync for every chunk
-//!  written. close (FUSE flush): the same without waiting for the commit, which goes on
-//!  in the background (see `FileState::close`).
+//!  written. close (FUSE flush): push the buffer out; wait for the chunk writes only
+//!  without an exclusive cap (or when many are pending, or after a failure), never for
+//!  the commit, which goes on in the background (see `FileState::close`).
 //!  read: bytes still buffered, queued or in flight are laid over what the chunk servers
 //!  return, so a read never waits for the write-behind.
 //! ```
@@ -30,6 +31,7 @@ use crate::write_buffer::{clip, Batch, Extent, WriteBuffer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 use stoa_proto::{CapMode, Commit, MetaOp, MetaResponse};
 use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr, Timestamp};
 use tokio::sync::Notify;
@@ -38,6 +40,11 @@ use tokio::sync::Notify;
 const FILE_PENDING_MAX: usize = 8;
 /// Bytes of chunk writes the whole client may have queued or in flight.
 pub(crate) const CLIENT_PENDING_BYTES_MAX: usize = 64 << 20;
+/// Chunk writes the whole client may have queued or in flight for a close to return
+/// before its own writes are applied (see `FileState::close`).
+const CLOSE_AHEAD_WRITES_MAX: usize = 64;
+/// How long after a write-behind failure every close waits for its writes again.
+const CLOSE_AHEAD_PAUSE_AFTER_FAILURE: Duration = Duration::from_secs(60);
 /// Dirty chunks one file buffers before the lowest is sent.
 const DIRTY_CHUNKS_MAX: usize = 16;
 /// Ranges one dirty chunk collects before it is sent: a chunk write carries them all.
@@ -368,6 +375,7 @@ impl FileState {
             inner.inflight.remove(&index);
             inner.inflight_since.remove(&index);
             inner.pending -= 1;
+            sh.pending_writes.fetch_sub(1, Ordering::AcqRel);
             match result {
                 Ok(()) => {
                     inner.unsynced.insert(index);
@@ -377,6 +385,8 @@ impl FileState {
                 }
                 Err(e) => {
                     tracing::warn!("write-behind of {chunk} failed: {e}");
+                    *sh.write_failed_at.lock().expect("failure time lock poisoned") =
+                        Some(Instant::now());
                     inner.fail(e);
                 }
             }
@@ -387,6 +397,12 @@ impl FileState {
         self.changed.notify_waiters();
         self.pump(&sh);
         self.start_commit(&sh);
+        // A close may have returned before this write (`close`): the state of a file
+        // closed meanwhile goes once nothing is left of it (a failed write has no
+        // commit, whose answer would let it go otherwise).
+        if self.lock().opens == 0 {
+            sh.forget_if_unused(self.ino);
+        }
     }
 
     /// Forgets the local size lead once nothing is left to write or commit.
@@ -558,23 +574,41 @@ impl FileState {
         through
     }
 
-    /// What a `close` waits for: every write buffered is applied on every server of its
-    /// chain (so a write error still reaches the close), and an error `seen` has not
-    /// reported is reported. The size commit that follows is not waited for. Nothing
-    /// is left to commit here unless the writes were made under an exclusive cap still
-    /// held (an uncapped write drains before it returns), and anyone else must recall
-    /// that cap first, which waits for the commit (caps.md invariant 5); `fsync`,
-    /// `syncfs` and the unmount wait for it too. So the commit, like a namespace change
-    /// made under a cap, reaches meta within milliseconds and before anyone can look.
+    /// What a `close` waits for. Everything buffered is sent. If it was written under
+    /// an exclusive cap still held, the close returns at once (caps.md invariant 30):
+    /// anyone else must recall that cap first, and the recall waits until those writes
+    /// are applied on every server of their chains and their size is committed (caps.md
+    /// invariant 5); `fsync`, `syncfs` and the unmount wait for them too. As on a local
+    /// filesystem, the data of a file closed but not fsynced is in this client's memory
+    /// until its chunk writes are applied, and an error of such a write reaches a later
+    /// `fsync` of a handle open at the time, or only the log. So the close waits until
+    /// its writes are applied, as a close without a cap always does, when the client
+    /// already has [`CLOSE_AHEAD_WRITES_MAX`] chunk writes queued or in flight (that
+    /// bounds what closes leave behind), and for [`CLOSE_AHEAD_PAUSE_AFTER_FAILURE`]
+    /// after a write-behind failed (a full cluster, then, answers `ENOSPC` at the close
+    /// of the next file it refuses). An error `seen` has not reported is reported. The
+    /// size commit is never waited for.
     pub async fn close(
         self: &Arc<Self>,
         sh: &Arc<Shared>,
         seen: &ErrorCursor,
     ) -> Result<(), FsError> {
-        if !self.send_all(sh) {
+        if !self.send_all(sh) && !self.closes_ahead(sh) {
             self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
         }
         seen.check(&self.lock(), false)
+    }
+
+    /// Whether a close may return before the chunk writes of this file are applied
+    /// (see [`FileState::close`]).
+    fn closes_ahead(&self, sh: &Shared) -> bool {
+        let generation = self.lock().dirty_generation;
+        let capped =
+            generation.is_some() && sh.caps.held_in(self.ino, CapMode::Exclusive) == generation;
+        let room = sh.pending_writes.load(Ordering::Acquire) <= CLOSE_AHEAD_WRITES_MAX;
+        let failed = sh.write_failed_at.lock().expect("failure time lock poisoned");
+        let failed_lately = failed.is_some_and(|at| at.elapsed() < CLOSE_AHEAD_PAUSE_AFTER_FAILURE);
+        capped && room && !failed_lately
     }
 
     /// Flushes for a recall of the file's cap: what was written before the recall began
@@ -699,6 +733,7 @@ fn enqueue(inner: &mut FileInner, sh: &Shared, extent: Extent) {
         }
         None => {
             inner.pending += 1;
+            sh.pending_writes.fetch_add(1, Ordering::AcqRel);
             inner.tickets += 1;
             let ticket = inner.tickets;
             inner.queued_since.insert(extent.index, ticket);

@@ -164,10 +164,16 @@ async fn a_write_behind_error_reaches_the_fsync_of_every_open_handle() {
     let (a, b) = (client.open(ino).await.unwrap(), client.open(ino).await.unwrap());
     client.write(a, 0, b"from a").await.unwrap();
     cluster.full_writes.store(1, Ordering::SeqCst);
-    // A close of a copy of `a` (a child's exec) sends the bytes, which fail.
-    assert_eq!(client.flush(a).await, Err(FsError::NoSpace));
-    // A flush without a handle (a chmod, a lock) leaves the error to the handles.
+    // A close of a copy of `a` (a child's exec) sends the bytes, which fail; held
+    // exclusively, it does not wait for them.
+    client.flush(a).await.unwrap();
+    // A flush without a handle (syncfs) waits for them, reports their failure, and
+    // leaves the error to the handles too.
+    assert_eq!(client.flush_all().await, Err(FsError::NoSpace));
+    // A chmod flushes too, and has nothing new to report.
     client.setattr(ino, SetAttr { perm: Some(0o600), ..SetAttr::default() }).await.unwrap();
+    // A flush reports it without consuming it.
+    assert_eq!(client.flush(a).await, Err(FsError::NoSpace));
     assert_eq!(client.fsync(a).await, Err(FsError::NoSpace));
     assert_eq!(client.fsync(b).await, Err(FsError::NoSpace), "the other writer's fsync");
     // Consumed once per handle; a handle opened later never sees it.
@@ -182,36 +188,65 @@ async fn a_write_behind_error_reaches_the_fsync_of_every_open_handle() {
     }
 }
 
-/// A close waits for the data to be on the chunk servers, not for the size commit that
-/// follows (nobody else can see the file before this client's cap is recalled, which
-/// waits for it); an fsync waits for the commit too, also through another handle.
+/// A close of a file held exclusively waits neither for its data nor for its size
+/// commit: nobody else can see the file before this client's cap is recalled, which
+/// waits for both. An fsync waits for both, also through another handle, and a read
+/// here sees what is still on its way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_close_waits_for_the_data_and_an_fsync_for_the_size_too() {
+async fn a_close_of_a_file_held_exclusively_waits_for_neither_its_data_nor_its_size() {
     let (cluster, client) = setup().await;
     let ino = new_file(&client, b"small").await;
     let fh = client.open(ino).await.unwrap();
     let data = pattern(4096, 3);
+    cluster.hold_writes.store(true, Ordering::SeqCst);
     cluster.hold_commits_above.store(0, Ordering::SeqCst);
     client.write(fh, 0, &data).await.unwrap();
     let closed = tokio::time::timeout(std::time::Duration::from_secs(10), client.release(fh));
-    closed.await.expect("the close waited for the size commit").unwrap();
-    {
-        let st = cluster.state.lock().unwrap();
-        assert_eq!(st.chunks[&ChunkId { ino, index: 0 }], data, "the data is on the servers");
-        assert_eq!(st.attrs[&ino.0].size, 0, "the commit is still held");
-    }
+    closed.await.expect("the close waited for the chunk write").unwrap();
+    assert!(cluster.state.lock().unwrap().chunks.is_empty(), "the write is still held");
     assert_eq!(client.getattr(ino).await.unwrap().size, 4096, "this client knows the size");
     let fh = client.open(ino).await.unwrap();
+    assert_eq!(client.read(fh, 0, 4096).await.unwrap(), data, "read here before it landed");
     let syncing = tokio::spawn({
         let client = client.clone();
         async move { client.fsync(fh).await }
     });
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!syncing.is_finished(), "an fsync returned before the data was written");
+    cluster.hold_writes.store(false, Ordering::SeqCst);
+    while !cluster.state.lock().unwrap().chunks.contains_key(&ChunkId { ino, index: 0 }) {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert!(!syncing.is_finished(), "an fsync returned before the size was on meta");
+    assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 0, "the commit is held");
     cluster.hold_commits_above.store(u64::MAX, Ordering::SeqCst);
     syncing.await.unwrap().unwrap();
-    assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 4096);
+    let st = cluster.state.lock().unwrap();
+    assert_eq!(st.chunks[&ChunkId { ino, index: 0 }], data);
+    assert_eq!(st.attrs[&ino.0].size, 4096);
+    drop(st);
     client.release(fh).await.unwrap();
+}
+
+/// After a write-behind failed, a close waits for its writes again for a while, so
+/// that a full cluster answers `ENOSPC` at the close of the next file it refuses rather
+/// than only at an fsync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_write_behind_failure_a_close_waits_for_its_writes_and_reports() {
+    use stoa_client::FsError;
+    let (cluster, client) = setup().await;
+    let (x, y) = (new_file(&client, b"x").await, new_file(&client, b"y").await);
+    cluster.full_writes.store(2, Ordering::SeqCst);
+    let fh = client.open(x).await.unwrap();
+    client.write(fh, 0, b"refused").await.unwrap();
+    client.release(fh).await.unwrap();
+    // The refusal is known once everything was flushed (the unmount's flush).
+    assert_eq!(client.flush_all().await, Err(FsError::NoSpace));
+    let fh = client.open(y).await.unwrap();
+    client.write(fh, 0, b"refused too").await.unwrap();
+    assert_eq!(client.release(fh).await, Err(FsError::NoSpace), "the close of the next file");
+    assert!(cluster.state.lock().unwrap().chunks.is_empty());
 }
 
 /// A recall flushes what was written under the cap and acks; it does not wait for a

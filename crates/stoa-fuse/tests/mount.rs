@@ -99,6 +99,35 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
     tokio::task::spawn_blocking(move || exercise(root)).await.unwrap();
     assert!(!cluster.state.lock().unwrap().chunks.is_empty());
 
+    eprintln!("step: a close of a file held alone waits for neither its data nor its size");
+    cluster.hold_writes.store(true, std::sync::atomic::Ordering::SeqCst);
+    cluster.hold_commits_above.store(0, std::sync::atomic::Ordering::SeqCst);
+    let root = mnt.clone();
+    tokio::task::spawn_blocking(move || {
+        std::fs::write(root.join("alone.bin"), [5u8; 4096]).unwrap();
+        assert_eq!(std::fs::metadata(root.join("alone.bin")).unwrap().len(), 4096);
+        assert_eq!(std::fs::read(root.join("alone.bin")).unwrap(), [5u8; 4096]);
+    })
+    .await
+    .unwrap();
+    let alone = loop {
+        // The create reaches meta in the background.
+        if let Some(&ino) = cluster.state.lock().unwrap().dirs[&1].get(&b"alone.bin"[..]) {
+            break stoa_types::ChunkId { ino: stoa_types::InodeId(ino), index: 0 };
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    assert!(!cluster.state.lock().unwrap().chunks.contains_key(&alone), "the write is held");
+    cluster.hold_writes.store(false, std::sync::atomic::Ordering::SeqCst);
+    cluster.hold_commits_above.store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    let root = mnt.clone();
+    tokio::task::spawn_blocking(move || {
+        std::fs::File::open(root.join("alone.bin")).unwrap().sync_all().unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(cluster.state.lock().unwrap().chunks[&alone], [5u8; 4096], "fsync waited");
+
     eprintln!("step: a child's close leaves a write error to the owner's fsync");
     // Found by the fault tests: a child inherits the descriptor and closes it at exec;
     // the kernel flushes, the buffered bytes fail, and that flush must not take the

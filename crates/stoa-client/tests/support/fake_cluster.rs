@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_proto::{
     BatchOp, CapRef, ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse,
@@ -60,6 +60,8 @@ pub struct FakeCluster {
     /// Size commits (`CommitWrite`, `CommitWrites`) to a size above this wait before
     /// they apply: 0 holds every commit of data, `u64::MAX` (the start) none.
     pub hold_commits_above: Arc<AtomicU64>,
+    /// While set, chunk writes wait before they apply.
+    pub hold_writes: Arc<AtomicBool>,
 }
 
 struct Handler {
@@ -69,6 +71,7 @@ struct Handler {
     busy_writes: Arc<AtomicU32>,
     full_writes: Arc<AtomicU32>,
     hold_commits_above: Arc<AtomicU64>,
+    hold_writes: Arc<AtomicBool>,
 }
 
 /// Takes one from `counter` if it is above zero; says whether it did.
@@ -105,6 +108,7 @@ impl FakeCluster {
         let busy_writes = Arc::new(AtomicU32::new(0));
         let full_writes = Arc::new(AtomicU32::new(0));
         let hold_commits_above = Arc::new(AtomicU64::new(u64::MAX));
+        let hold_writes = Arc::new(AtomicBool::new(false));
         let handler = Handler {
             addr,
             chunk_size,
@@ -112,9 +116,10 @@ impl FakeCluster {
             busy_writes: busy_writes.clone(),
             full_writes: full_writes.clone(),
             hold_commits_above: hold_commits_above.clone(),
+            hold_writes: hold_writes.clone(),
         };
         tokio::spawn(stoa_net::serve(listener, Arc::new(handler)));
-        FakeCluster { addr, state, busy_writes, full_writes, hold_commits_above }
+        FakeCluster { addr, state, busy_writes, full_writes, hold_commits_above, hold_writes }
     }
 }
 
@@ -146,7 +151,14 @@ impl stoa_net::Handler for Handler {
                 }
                 (self.meta(m), Bytes::new())
             }
-            Request::Chunk(c) => self.chunk(c, payload),
+            Request::Chunk(c) => {
+                if matches!(c.op, ChunkOp::Write { .. } | ChunkOp::WriteRanges { .. }) {
+                    while self.hold_writes.load(Ordering::SeqCst) {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                }
+                self.chunk(c, payload)
+            }
             Request::Raft(_) => (Err(FsError::NotSupported), Bytes::new()),
         }
     }
@@ -354,7 +366,8 @@ impl Handler {
                 MetaResponse::Done
             }
             // Directories are never handed out here, so the client makes every namespace
-            // change through meta; its batches carry only the releases of last closes.
+            // change through meta; its batches carry only the opens of files it holds a
+            // cap on and the releases of last closes.
             MetaOp::TakeDir { .. } => MetaResponse::Dir(None),
             MetaOp::Batch { ops } => MetaResponse::Batch(
                 ops.into_iter()
@@ -362,6 +375,7 @@ impl Handler {
                         BatchOp::Release { ino } => {
                             self.apply(st, MetaOp::Release { ino }).map(drop)
                         }
+                        BatchOp::Open { ino } => self.apply(st, MetaOp::Open { ino }).map(drop),
                         _ => Err(FsError::NotSupported),
                     })
                     .collect(),
