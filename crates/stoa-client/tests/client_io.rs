@@ -222,10 +222,11 @@ async fn a_close_of_a_file_held_exclusively_waits_for_neither_its_data_nor_its_s
     assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 0, "the commit is held");
     cluster.hold_commits_above.store(u64::MAX, Ordering::SeqCst);
     syncing.await.unwrap().unwrap();
-    let st = cluster.state.lock().unwrap();
-    assert_eq!(st.chunks[&ChunkId { ino, index: 0 }], data);
-    assert_eq!(st.attrs[&ino.0].size, 4096);
-    drop(st);
+    {
+        let st = cluster.state.lock().unwrap();
+        assert_eq!(st.chunks[&ChunkId { ino, index: 0 }], data);
+        assert_eq!(st.attrs[&ino.0].size, 4096);
+    }
     client.release(fh).await.unwrap();
 }
 
