@@ -379,8 +379,9 @@ impl Cluster {
         clients.filter(|n| abort_fuse(&n.path)).count()
     }
 
-    /// Every chunk data file (not the `.meta` headers, nor the store's `LAYOUT` beside
-    /// the fan-out directories) of chunk server `name`.
+    /// Every chunk file (`<chunk id>.chunk`: its headers and data; not an unfinished
+    /// install, nor the store's `LAYOUT` beside the fan-out directories) of chunk server
+    /// `name`.
     pub fn chunk_files(&self, name: &str) -> Vec<PathBuf> {
         let mut out = Vec::new();
         let chunks = self.nodes[self.index(name)].path.join("data/chunks");
@@ -388,7 +389,7 @@ impl Cluster {
         for fan in fans.filter(|f| f.path().is_dir()) {
             for e in std::fs::read_dir(fan.path()).into_iter().flatten().flatten() {
                 let p = e.path();
-                if p.extension().is_none_or(|x| x != "meta") {
+                if p.extension().is_some_and(|x| x == "chunk") {
                     out.push(p);
                 }
             }

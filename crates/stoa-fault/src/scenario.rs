@@ -271,18 +271,56 @@ fn bit_rot(cx: &mut Ctx, out: &mut Injected) -> Result<()> {
     Ok(())
 }
 
+/// Flips one bit of a byte the file holds: a chunk file's headers and data, not the
+/// holes between them (its unused header space), where a flip would change nothing.
 fn flip_byte(path: &PathBuf, rng: &mut Rng) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
-    let len = f.metadata()?.len();
-    if len == 0 {
+    let extents = data_extents(&f)?;
+    let held: u64 = extents.iter().map(|(start, end)| end - start).sum();
+    if held == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
-    let at = rng.below(len);
+    let mut pick = rng.below(held);
+    let mut at = 0;
+    for (start, end) in extents {
+        if pick < end - start {
+            at = start + pick;
+            break;
+        }
+        pick -= end - start;
+    }
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, at)?;
     b[0] ^= 1 << rng.below(8);
     f.write_all_at(&b, at)
+}
+
+/// The `[start, end)` ranges of `f` that hold data, between its holes (`SEEK_DATA`).
+fn data_extents(f: &std::fs::File) -> std::io::Result<Vec<(u64, u64)>> {
+    use std::os::unix::io::AsRawFd;
+    let len = f.metadata()?.len();
+    let seek = |from: u64, whence: libc::c_int| {
+        // SAFETY: lseek only reads the descriptor, which `f` keeps open.
+        let at = unsafe { libc::lseek(f.as_raw_fd(), from as libc::off_t, whence) };
+        match at {
+            -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) => Ok(None),
+            -1 => Err(std::io::Error::last_os_error()),
+            at => Ok(Some(at as u64)),
+        }
+    };
+    let mut out = Vec::new();
+    let mut from = 0;
+    while from < len {
+        let Some(start) = seek(from, libc::SEEK_DATA)? else { break };
+        let end = seek(start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        if end <= start {
+            break;
+        }
+        out.push((start, end));
+        from = end;
+    }
+    Ok(out)
 }
 
 /// Restarts every server, one at a time, waiting for a whole cluster between them. The

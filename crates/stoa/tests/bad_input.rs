@@ -100,9 +100,9 @@ fn a_busy_mount_point_and_a_foreign_data_directory_are_refused() {
     assert_eq!(std::fs::read(second.mnt.join("ok")).unwrap(), b"fine");
 }
 
-/// The on-disk data files of every replica of chunk 0 of inode `ino`.
+/// The chunk files of every replica of chunk 0 of inode `ino`.
 fn replica_files(dir: &Path, ino: u64) -> Vec<PathBuf> {
-    let name = format!("{ino:016x}-{:08x}", 0);
+    let name = format!("{ino:016x}-{:08x}.chunk", 0);
     let out = sh(&format!("find {}/chunk-*/ -type f -name '{name}'", dir.display()));
     out.lines().map(PathBuf::from).collect()
 }
@@ -120,7 +120,9 @@ fn a_corrupted_block_is_served_from_another_replica_and_reported() {
     // copy is met within a few reads, and the good one must answer.
     for bad in &files[..2] {
         let mut bytes = std::fs::read(bad).unwrap();
-        bytes[5000] ^= 0xff;
+        // The data ends the file, after the chunk's headers.
+        let data_at = bytes.len() - data.len();
+        bytes[data_at + 5000] ^= 0xff;
         std::fs::write(bad, bytes).unwrap();
     }
     for _ in 0..6 {

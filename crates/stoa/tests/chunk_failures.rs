@@ -83,7 +83,7 @@ fn write_synced(path: &Path, seed: u64, len: usize) {
     f.sync_all().unwrap();
 }
 
-/// Every file (data, header, temporary) under a chunk server's data directory.
+/// Every file (chunk files, unfinished installs) under a chunk server's data directory.
 fn chunk_files(data_dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(fans) = std::fs::read_dir(data_dir.join("chunks")) else { return out };
@@ -95,10 +95,11 @@ fn chunk_files(data_dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Every chunk header file under a chunk server's data directory.
-fn chunk_headers(data_dir: &Path) -> Vec<PathBuf> {
+/// Every chunk file (`<chunk id>.chunk`: headers and data) under a chunk server's data
+/// directory.
+fn chunks_held(data_dir: &Path) -> Vec<PathBuf> {
     let mut out = chunk_files(data_dir);
-    out.retain(|p| p.extension().is_some_and(|e| e == "meta"));
+    out.retain(|p| p.extension().is_some_and(|e| e == "chunk"));
     out
 }
 
@@ -106,7 +107,8 @@ fn data_dir(dev: &Dev, id: u64) -> PathBuf {
     PathBuf::from(dev.node("chunk", id)["data_dir"].as_str().unwrap())
 }
 
-/// Every file (data, header, temporary) of a chunk of `ino` on chunk servers 1..=`servers`.
+/// Every file (chunk files, unfinished installs) of a chunk of `ino` on chunk servers
+/// 1..=`servers`.
 fn chunk_files_of(dev: &Dev, servers: u64, ino: u64) -> Vec<PathBuf> {
     let prefix = format!("{ino:016x}-");
     let mut out: Vec<PathBuf> =
@@ -195,7 +197,7 @@ fn a_server_gone_too_long_is_rebuilt_elsewhere_and_swept_when_it_returns() {
         let data = std::fs::read(dev.mnt.join(format!("f{i}"))).unwrap();
         assert!(data == pattern(10 + i, 0, len), "f{i} differs after the rebuild");
     }
-    let held: usize = (1..=3).map(|id| chunk_headers(&data_dir(&dev, id)).len()).sum();
+    let held: usize = (1..=3).map(|id| chunks_held(&data_dir(&dev, id)).len()).sum();
     assert_eq!(held, 3 * chunks, "every chunk is on exactly three live servers");
     // Heartbeats carry the backlog, so status shows it a beat later.
     eventually(10, "status shows no repair backlog", || {
@@ -211,10 +213,10 @@ fn a_server_gone_too_long_is_rebuilt_elsewhere_and_swept_when_it_returns() {
     });
 
     // Back after its chains were rebuilt: it is not needed there, and its copies go.
-    assert!(!chunk_headers(&data_dir(&dev, 4)).is_empty());
+    assert!(!chunks_held(&data_dir(&dev, 4)).is_empty());
     dev.restart_node("chunk", 4);
     eventually(30, "the returning server dropped its old copies", || {
-        chunk_headers(&data_dir(&dev, 4)).is_empty()
+        chunks_held(&data_dir(&dev, 4)).is_empty()
     });
     dev.stop();
 }
@@ -227,14 +229,14 @@ fn a_flipped_byte_on_disk_is_found_and_repaired_by_the_scrubber() {
     write_synced(&path, 7, len);
     let ino = InodeId(std::fs::metadata(&path).unwrap().ino());
     let name = ChunkId { ino, index: 0 }.to_string();
-    let header = chunk_headers(&data_dir(&dev, 1))
+    let data_file = chunks_held(&data_dir(&dev, 1))
         .into_iter()
         .find(|p| p.file_stem().is_some_and(|s| s.to_string_lossy() == name))
         .expect("chunk server 1 holds the chunk");
-    let data_file = header.with_extension("");
     let good = std::fs::read(&data_file).unwrap();
     let mut bad = good.clone();
-    bad[123_456] ^= 0x20;
+    // The data ends the file, after the chunk's headers.
+    bad[good.len() - len + 123_456] ^= 0x20;
     std::fs::write(&data_file, &bad).unwrap();
 
     // A reader never sees it, whichever replica it asks.
@@ -328,7 +330,7 @@ fn deleted_files_leave_no_chunk_files_behind() {
     write_synced(&kept, 23, kept_len);
     let (cut_ino, gone_ino, kept_ino) = (ino(&cut), ino(&gone), ino(&kept));
     let tombstones =
-        (1..3).map(|i| format!("{}.meta", ChunkId { ino: InodeId(cut_ino), index: i }));
+        (1..3).map(|i| format!("{}.chunk", ChunkId { ino: InodeId(cut_ino), index: i }));
     let cut_files = chunk_files_of(&dev, 3, cut_ino);
     for name in tombstones {
         let found = cut_files.iter().filter(|p| p.ends_with(&name)).count();
@@ -346,9 +348,9 @@ fn deleted_files_leave_no_chunk_files_behind() {
         deleted.elapsed().as_secs_f64()
     );
 
-    // The live file keeps its three chunks (data and header) on all three servers, and
-    // reads back intact from them.
-    assert_eq!(chunk_files_of(&dev, 3, kept_ino).len(), 3 * 3 * 2);
+    // The live file keeps its three chunk files on all three servers, and reads back
+    // intact from them.
+    assert_eq!(chunk_files_of(&dev, 3, kept_ino).len(), 3 * 3);
     std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
     assert!(std::fs::read(&kept).unwrap() == pattern(23, 0, kept_len), "the live file differs");
     dev.stop();

@@ -80,6 +80,7 @@ mod tests {
         let chunk = ChunkId { ino: InodeId(1), index };
         Header {
             chunk,
+            generation: 1,
             version: 1,
             len: (blocks * 4096) as u32,
             crcs: vec![7; blocks],

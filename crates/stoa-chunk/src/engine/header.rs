@@ -1,26 +1,36 @@
-//! The chunk header file (`<chunk id>.meta`): what the chunk is, which version it is at,
-//! how long it is, and one CRC32C per block of data, all covered by a CRC of its own.
+//! A chunk's header: what the chunk is, which version it is at, how long it is, and one
+//! CRC32C per block of data, all covered by a CRC of its own. It lives in one of the two
+//! slots at the start of the chunk's file (see `mod.rs`), each change written to the
+//! slot the current header is not in, with the next generation.
 //!
 //! ```text
-//!  0  magic "STCH"       4  format u32         8  inode u64       16  index u64
-//! 24  version u64       32  length u32        36  blocks u32      40  crc u32 x blocks
-//! W = 40 + 4 * blocks:  writes u32, then per write: session u64, seq u64, version u64
+//!  0  magic "STCH"       4  format u32 (3)    8  generation u64   16  inode u64
+//! 24  index u64         32  version u64      40  length u32       44  blocks u32
+//! 48  crc u32 x blocks
+//! W = 48 + 4 * blocks:  writes u32, then per write: session u64, seq u64, version u64
 //! W + 4 + 24 * writes:  crc32c of everything before it
 //! ```
 //!
 //! Little-endian throughout. The header is small (4 KiB for a 4 MiB chunk), so it is
-//! rewritten whole on every change rather than patched in place. Format 1 (before write
-//! ids) had no writes section; it is still read, as a chunk with no remembered writes,
-//! and the next change rewrites it as format 2.
+//! rewritten whole on every change rather than patched in place. A slot holds the header
+//! and whatever an older, longer one left after it: the lengths above say where it ends.
+//!
+//! Formats 1 and 2 were the whole of a separate header file (`<chunk id>.meta`) before
+//! chunk layout 3, format 1 without the writes section, neither with a generation; they
+//! are read only to convert such a store (layout.rs).
 
 use stoa_types::{ChunkId, InodeId, SessionId, WriteId, WriteRecord, BLOCK_SIZE_BYTES};
 
 const MAGIC: &[u8; 4] = b"STCH";
 /// Bumped on any change to the layout above; unknown formats are refused, not misread.
-const FORMAT: u32 = 2;
-/// The format before write ids, still read.
-const FORMAT_NO_WRITES: u32 = 1;
-const FIXED_LEN: usize = 40;
+const FORMAT: u32 = 3;
+/// The header file of chunk layout 2, with write ids.
+const FORMAT_FILE: u32 = 2;
+/// The header file before write ids.
+const FORMAT_FILE_NO_WRITES: u32 = 1;
+const FIXED_LEN: usize = 48;
+/// The fixed part of formats 1 and 2: no generation.
+const FIXED_LEN_FILE: usize = 40;
 const WRITE_LEN: usize = 24;
 
 /// How many applied mutations a chunk remembers. A client keeps one write per chunk in
@@ -32,10 +42,27 @@ pub(crate) const WRITES_KEPT: usize = 16;
 /// Bytes of data covered by one block CRC.
 pub(crate) const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 
+/// The longest header of a chunk of `blocks` blocks.
+pub(crate) const fn len_max(blocks: usize) -> usize {
+    FIXED_LEN + 4 * blocks + 4 + WRITE_LEN * WRITES_KEPT + 4
+}
+
+/// What a header slot holds.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// Never written (its magic is zeros: a hole, or past the end of the file).
+    Empty,
+    Valid(Header),
+    Damaged(String),
+}
+
 /// The decoded header of one chunk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
     pub chunk: ChunkId,
+    /// How many times the chunk's file had a header written: the higher of two valid
+    /// slots is the current one, and the next goes to slot `(generation + 1) % 2`.
+    pub generation: u64,
     pub version: u64,
     pub len: u32,
     /// CRC32C of block `i`: bytes `[i * BLOCK, min((i + 1) * BLOCK, len))`.
@@ -47,7 +74,7 @@ pub(crate) struct Header {
 impl Header {
     /// The header of a chunk that has no data yet.
     pub fn empty(chunk: ChunkId) -> Header {
-        Header { chunk, version: 0, len: 0, crcs: Vec::new(), writes: Vec::new() }
+        Header { chunk, generation: 0, version: 0, len: 0, crcs: Vec::new(), writes: Vec::new() }
     }
 
     /// The version an earlier attempt of mutation `id` made, if it is remembered.
@@ -77,6 +104,7 @@ impl Header {
         let mut out = Vec::with_capacity(FIXED_LEN + 4 * self.crcs.len() + 4);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT.to_le_bytes());
+        out.extend_from_slice(&self.generation.to_le_bytes());
         out.extend_from_slice(&self.chunk.ino.0.to_le_bytes());
         out.extend_from_slice(&self.chunk.index.to_le_bytes());
         out.extend_from_slice(&self.version.to_le_bytes());
@@ -96,54 +124,90 @@ impl Header {
         out
     }
 
-    /// Decodes a header read from disk for `expect`, or says what is wrong with it.
-    pub fn decode(bytes: &[u8], expect: ChunkId) -> Result<Header, String> {
-        if bytes.len() < FIXED_LEN + 4 {
-            return Err(format!("header is {} bytes, too short", bytes.len()));
+    /// What a header slot of chunk `expect` holds: `bytes` starts with it and may run
+    /// past its end.
+    pub fn decode_slot(bytes: &[u8], expect: ChunkId) -> Slot {
+        if bytes.len() < 4 || bytes[..4] == [0; 4] {
+            return Slot::Empty;
         }
-        if &bytes[..4] != MAGIC {
-            return Err("header has no chunk magic".into());
+        match decode(bytes, expect, false) {
+            Ok(h) => Slot::Valid(h),
+            Err(detail) => Slot::Damaged(detail),
         }
-        let (body, tail) = bytes.split_at(bytes.len() - 4);
-        let stored = u32_at(tail, 0);
-        let actual = crc32c::crc32c(body);
-        if stored != actual {
-            return Err(format!("header crc is {stored:08x} but its bytes have {actual:08x}"));
-        }
-        let format = u32_at(body, 4);
-        if format != FORMAT && format != FORMAT_NO_WRITES {
-            return Err(format!(
-                "header format {format}, this server reads {FORMAT_NO_WRITES} and {FORMAT}"
-            ));
-        }
-        let chunk = ChunkId { ino: InodeId(u64_at(body, 8)), index: u64_at(body, 16) };
-        if chunk != expect {
-            return Err(format!("header names chunk {chunk}, expected {expect}"));
-        }
-        let version = u64_at(body, 24);
-        let len = u32_at(body, 32);
-        let blocks = u32_at(body, 36) as usize;
-        let writes_at = FIXED_LEN + 4 * blocks;
-        if blocks != (len as usize).div_ceil(BLOCK) || body.len() < writes_at {
-            return Err(format!("header has {blocks} block crcs for length {len}"));
-        }
-        let crcs = (0..blocks).map(|i| u32_at(body, FIXED_LEN + 4 * i)).collect();
-        let writes = match format {
-            FORMAT_NO_WRITES if body.len() == writes_at => Vec::new(),
-            FORMAT if body.len() >= writes_at + 4 => decode_writes(body, writes_at)?,
-            _ => return Err(format!("header of {} bytes has a damaged length", body.len())),
-        };
-        Ok(Header { chunk, version, len, crcs, writes })
+    }
+
+    /// Decodes the whole of a layout-2 header file (format 1 or 2) of chunk `expect`,
+    /// or says what is wrong with it.
+    pub fn decode_file(bytes: &[u8], expect: ChunkId) -> Result<Header, String> {
+        decode(bytes, expect, true)
     }
 }
 
-/// The writes section of a format-2 header body, which starts at `at`.
-fn decode_writes(body: &[u8], at: usize) -> Result<Vec<WriteRecord>, String> {
-    let count = u32_at(body, at) as usize;
-    if count > WRITES_KEPT || body.len() != at + 4 + WRITE_LEN * count {
-        return Err(format!("header lists {count} writes in {} bytes", body.len() - at));
+/// Decodes a header of chunk `expect` at the start of `bytes`: a slot's (format 3,
+/// `bytes` may run past it) or a layout-2 header file's (formats 1 and 2, exactly
+/// `bytes`).
+fn decode(bytes: &[u8], expect: ChunkId, file: bool) -> Result<Header, String> {
+    let fixed = if file { FIXED_LEN_FILE } else { FIXED_LEN };
+    if bytes.len() < fixed + 4 {
+        return Err(format!("header is {} bytes, too short", bytes.len()));
     }
-    Ok((0..count)
+    if &bytes[..4] != MAGIC {
+        return Err("header has no chunk magic".into());
+    }
+    let format = u32_at(bytes, 4);
+    let known = match file {
+        true => format == FORMAT_FILE || format == FORMAT_FILE_NO_WRITES,
+        false => format == FORMAT,
+    };
+    if !known {
+        let reads = if file { "1 and 2 in a header file" } else { "3 in a chunk file" };
+        return Err(format!("header format {format}, this server reads {reads}"));
+    }
+    let (generation, at) = if file { (0, 8) } else { (u64_at(bytes, 8), 16) };
+    let chunk = ChunkId { ino: InodeId(u64_at(bytes, at)), index: u64_at(bytes, at + 8) };
+    let version = u64_at(bytes, at + 16);
+    let len = u32_at(bytes, at + 24);
+    let blocks = u32_at(bytes, at + 28) as usize;
+    let writes_at = fixed + 4 * blocks;
+    // Where the header ends, from its own (not yet checked) counts: a damaged count
+    // points past the bytes or at the wrong crc, and is refused either way.
+    let end = match format {
+        FORMAT_FILE_NO_WRITES => Some(writes_at + 4),
+        _ => bytes
+            .get(writes_at..writes_at + 4)
+            .map(|_| u32_at(bytes, writes_at) as usize)
+            .filter(|&count| count <= WRITES_KEPT)
+            .map(|count| writes_at + 4 + WRITE_LEN * count + 4),
+    };
+    let end = end.filter(|&end| end <= bytes.len() && (!file || end == bytes.len()));
+    let Some(end) = end else {
+        return Err(format!("header of {blocks} blocks does not fit its {} bytes", bytes.len()));
+    };
+    let (body, tail) = bytes[..end].split_at(end - 4);
+    let stored = u32_at(tail, 0);
+    let actual = crc32c::crc32c(body);
+    if stored != actual {
+        return Err(format!("header crc is {stored:08x} but its bytes have {actual:08x}"));
+    }
+    if chunk != expect {
+        return Err(format!("header names chunk {chunk}, expected {expect}"));
+    }
+    if blocks != (len as usize).div_ceil(BLOCK) {
+        return Err(format!("header has {blocks} block crcs for length {len}"));
+    }
+    let crcs = (0..blocks).map(|i| u32_at(body, fixed + 4 * i)).collect();
+    let writes = match format {
+        FORMAT_FILE_NO_WRITES => Vec::new(),
+        _ => decode_writes(body, writes_at),
+    };
+    Ok(Header { chunk, generation, version, len, crcs, writes })
+}
+
+/// The writes section of a header body, which starts at `at` and whose count and length
+/// were checked.
+fn decode_writes(body: &[u8], at: usize) -> Vec<WriteRecord> {
+    let count = u32_at(body, at) as usize;
+    (0..count)
         .map(|i| {
             let base = at + 4 + WRITE_LEN * i;
             WriteRecord {
@@ -151,7 +215,7 @@ fn decode_writes(body: &[u8], at: usize) -> Result<Vec<WriteRecord>, String> {
                 version: u64_at(body, base + 16),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// Callers have checked that `at + 4 <= bytes.len()`.
@@ -169,6 +233,20 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 }
 
 #[cfg(test)]
+impl Header {
+    /// The layout-2 header file (format 2) of this header, as older servers wrote it.
+    pub fn encode_file(&self) -> Vec<u8> {
+        let slot = self.encode();
+        let mut out = slot[..8].to_vec();
+        out[4..8].copy_from_slice(&FORMAT_FILE.to_le_bytes());
+        out.extend_from_slice(&slot[16..slot.len() - 4]);
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -176,23 +254,57 @@ mod tests {
         ChunkId { ino: InodeId(9), index: 3 }
     }
 
-    #[test]
-    fn a_header_round_trips() {
-        let mut h = Header { chunk: id(), version: 7, len: 5000, crcs: vec![1, 2], writes: vec![] };
-        assert_eq!(Header::decode(&h.encode(), id()).unwrap(), h);
-        h.remember(Some(WriteId { session: SessionId(4), seq: 9 }), 7);
-        assert_eq!(Header::decode(&h.encode(), id()).unwrap(), h);
+    fn header(version: u64, len: u32, crcs: Vec<u32>) -> Header {
+        Header { chunk: id(), generation: 5, version, len, crcs, writes: vec![] }
+    }
+
+    fn valid(slot: Slot) -> Header {
+        match slot {
+            Slot::Valid(h) => h,
+            other => panic!("not a valid slot: {other:?}"),
+        }
+    }
+
+    fn damaged(slot: Slot) -> String {
+        match slot {
+            Slot::Damaged(detail) => detail,
+            other => panic!("not a damaged slot: {other:?}"),
+        }
     }
 
     #[test]
-    fn a_format_1_header_reads_as_one_with_no_remembered_writes() {
-        let h = Header { chunk: id(), version: 3, len: 10, crcs: vec![5], writes: vec![] };
-        let mut bytes = h.encode();
+    fn a_header_round_trips_also_with_an_older_longer_one_behind_it() {
+        let mut h = header(7, 5000, vec![1, 2]);
+        assert_eq!(valid(Header::decode_slot(&h.encode(), id())), h);
+        h.remember(Some(WriteId { session: SessionId(4), seq: 9 }), 7);
+        let mut slot = h.encode();
+        let shorter = header(8, 10, vec![3]);
+        slot[..shorter.encode().len()].copy_from_slice(&shorter.encode());
+        assert_eq!(valid(Header::decode_slot(&slot, id())), shorter);
+        slot.resize(70_000, 0);
+        assert_eq!(valid(Header::decode_slot(&slot, id())), shorter);
+        assert!(matches!(Header::decode_slot(&[0u8; 4096], id()), Slot::Empty));
+        assert!(matches!(Header::decode_slot(&[], id()), Slot::Empty));
+    }
+
+    #[test]
+    fn header_files_of_formats_1_and_2_read_without_a_generation() {
+        let mut h = header(3, 10, vec![5]);
+        h.remember(Some(WriteId { session: SessionId(4), seq: 9 }), 3);
+        let h = Header { generation: 0, ..h };
+        assert_eq!(Header::decode_file(&h.encode_file(), id()).unwrap(), h);
+        let h = Header { writes: vec![], ..h };
+        let mut bytes = h.encode_file();
         bytes.truncate(bytes.len() - 8); // the crc and the empty writes count
-        bytes[4..8].copy_from_slice(&FORMAT_NO_WRITES.to_le_bytes());
+        bytes[4..8].copy_from_slice(&FORMAT_FILE_NO_WRITES.to_le_bytes());
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
-        assert_eq!(Header::decode(&bytes, id()).unwrap(), h);
+        assert_eq!(Header::decode_file(&bytes, id()).unwrap(), h);
+        // Neither is a slot's format, nor the other way round.
+        let file = header(3, 10, vec![5]).encode_file();
+        assert!(damaged(Header::decode_slot(&file, id())).contains("format 2"));
+        let slot = header(3, 10, vec![5]).encode();
+        assert!(Header::decode_file(&slot, id()).unwrap_err().contains("format 3"));
     }
 
     #[test]
@@ -207,27 +319,35 @@ mod tests {
         assert_eq!(h.applied(w(4)), None);
         assert_eq!(h.applied(w(5)), Some(6));
         assert_eq!(h.applied(w(WRITES_KEPT as u64 + 4)), Some(WRITES_KEPT as u64 + 5));
-        assert_eq!(Header::decode(&h.encode(), id()).unwrap(), h);
+        assert_eq!(valid(Header::decode_slot(&h.encode(), id())), h);
+        assert!(h.encode().len() <= len_max(0));
     }
 
     #[test]
     fn the_digest_tells_other_bytes_apart() {
-        let a = Header { chunk: id(), version: 3, len: 10, crcs: vec![5], writes: vec![] };
+        let a = header(3, 10, vec![5]);
         let b = Header { crcs: vec![6], ..a.clone() };
-        let c = Header { writes: vec![], version: 4, ..a.clone() };
+        let c = Header { writes: vec![], version: 4, generation: 9, ..a.clone() };
         assert_ne!(a.digest(), b.digest());
         assert_eq!(a.digest(), c.digest());
     }
 
     #[test]
     fn damaged_or_foreign_headers_are_refused_with_a_reason() {
-        let h = Header { chunk: id(), version: 7, len: 10, crcs: vec![1], writes: vec![] };
+        let h = header(7, 10, vec![1]);
         let mut bytes = h.encode();
-        bytes[25] ^= 1;
-        assert!(Header::decode(&bytes, id()).unwrap_err().contains("crc"));
-        assert!(Header::decode(&bytes[..10], id()).unwrap_err().contains("too short"));
+        bytes[33] ^= 1;
+        assert!(damaged(Header::decode_slot(&bytes, id())).contains("crc"));
+        assert!(damaged(Header::decode_slot(&bytes[..10], id())).contains("too short"));
         let other = ChunkId { ino: InodeId(9), index: 4 };
-        assert!(Header::decode(&h.encode(), other).unwrap_err().contains("expected"));
-        assert!(Header::decode(&[0u8; 64], id()).unwrap_err().contains("magic"));
+        assert!(damaged(Header::decode_slot(&h.encode(), other)).contains("expected"));
+        assert!(damaged(Header::decode_slot(&[1u8; 64], id())).contains("magic"));
+        // A block count that points past the slot, or a writes count over the limit.
+        let mut bytes = h.encode();
+        bytes[44..48].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(damaged(Header::decode_slot(&bytes, id())).contains("does not fit"));
+        let mut bytes = h.encode();
+        bytes[52..56].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(damaged(Header::decode_slot(&bytes, id())).contains("does not fit"));
     }
 }

@@ -3,25 +3,38 @@
 //! every call blocks: the server runs them on tokio's blocking pool.
 //!
 //! ```text
-//!  DATA/chunks/<ab>/<chunk id>        the bytes, written in place
-//!  DATA/chunks/<ab>/<chunk id>.meta   the header (see header.rs), replaced by rename
-//!  DATA/chunks/LAYOUT                 which directory <ab> holds a chunk (layout.rs)
+//!  DATA/chunks/<ab>/<chunk id>.chunk   one file per chunk:
+//!      [0, SLOT_LEN)                    header slot 0 (see header.rs)
+//!      [SLOT_LEN, DATA_AT)              header slot 1
+//!      [DATA_AT, DATA_AT + length)      the bytes, written in place
+//!  DATA/chunks/LAYOUT                  chunk layout 3: which directory <ab> holds a chunk,
+//!                                      and this file format (layout.rs)
 //! ```
 //!
-//! Crash safety: a change writes the data first (in place, whole touched blocks), then a
-//! new header to `<chunk id>.meta.tmp`, renamed over the old one. The rename is atomic, so
-//! a header is always whole; a crash between the two steps leaves an old header whose
-//! CRCs disagree with the new data, which every read detects as `Checksum` (never
-//! silently wrong data). The engine notes an unclean stop (the `DIRTY` marker survives
-//! it), and a resync after one verifies every chunk it would otherwise keep.
+//! A slot is as long as the header of the largest chunk; what a small chunk does not use
+//! of it is a hole, which takes no disk space. One file per chunk, its header rewritten
+//! in place, means a new chunk costs one inode and a change none: chunk layout 2 kept the
+//! header in a second file replaced by rename, so every change allocated an inode and
+//! freed one, and a burst of small files cost two inodes each per server (ext4 without a
+//! journal made later creates scan past the freed ones; docs/BENCHMARKS.md).
+//!
+//! Crash safety: a change writes the data first (in place, whole touched blocks), then
+//! its header, with the next generation, to the slot the current header is not in. A
+//! crash before the header write leaves the old header, whose CRCs disagree with the new
+//! data, which every read detects as `Checksum` (never silently wrong data); a crash
+//! during it leaves that slot torn and the other one whole. A torn slot is only possible
+//! after an unclean stop, which the engine notes (the `DIRTY` marker survives it): then
+//! the whole slot is taken, as the old header it is, and the resync after an unclean
+//! stop verifies every chunk it would otherwise keep. After a clean stop a damaged slot
+//! is rot, and the chunk reads as damaged until it is repaired.
 //!
 //! Nothing here is fsynced on the write path: `Sync` (the client's fsync) fdatasyncs the
-//! data, fsyncs the header and the directory that holds the renames. Writes of 1 MiB or
-//! more ask the kernel to start their writeback at once (no waiting), so that a large
-//! file reaches the disk while it streams in rather than all at its fsync.
+//! chunk file and fsyncs the directory that holds it. Writes of 1 MiB or more ask the
+//! kernel to start their writeback at once (no waiting), so that a large file reaches
+//! the disk while it streams in rather than all at its fsync.
 //!
 //! Decoded headers of recently used chunks stay in memory (cache.rs), so a small read
-//! reads only the data file.
+//! reads only the data.
 //!
 //! Locking: operations on one chunk are serialized by one of [`LOCK_STRIPES`] read-write
 //! locks picked by the chunk id, so different chunks proceed in parallel and a read never
@@ -34,9 +47,9 @@ mod layout;
 mod tests;
 
 use cache::HeaderCache;
-use header::{Header, BLOCK};
+use header::{Header, Slot, BLOCK};
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -49,10 +62,16 @@ pub const CHUNK_LEN_MAX: u32 = 64 * 1024 * 1024;
 const LOCK_STRIPES: usize = 256;
 /// Writes at least this large start their writeback at once (see `start_writeback`).
 const WRITEBACK_MIN_BYTES: usize = 1 << 20;
-const HEADER_EXT: &str = "meta";
-/// What a file being written whole gets before its rename over the real name: the data
-/// of an install (`<chunk id>.tmp`) or a header (`<chunk id>.meta.tmp`).
+pub(crate) const CHUNK_EXT: &str = "chunk";
+/// What a chunk file being written whole (an install) is named until its rename over the
+/// real name: `<chunk id>.chunk.tmp`.
 const TMP_EXT: &str = "tmp";
+/// Bytes of one header slot: the longest header of the largest chunk, in whole pages.
+const SLOT_LEN: u64 = header::len_max(CHUNK_LEN_MAX as usize / BLOCK).next_multiple_of(4096) as u64;
+/// Where a chunk's data starts in its file, after the two header slots.
+pub(crate) const DATA_AT: u64 = 2 * SLOT_LEN;
+/// What a first read of a header slot takes: the whole header of a chunk up to ~3.5 MiB.
+const SLOT_READ_FIRST: usize = 4096;
 
 /// What a versioned mutation did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +112,16 @@ enum Local {
 }
 
 impl Local {
+    /// The generation of the header in the chunk's file: 0 for a chunk without one,
+    /// None when a slot is damaged (see [`Engine::save_header`]).
+    fn generation(&self) -> Option<u64> {
+        match self {
+            Local::Absent => Some(0),
+            Local::Present(h) => Some(h.generation),
+            Local::Corrupt(_) => None,
+        }
+    }
+
     /// The version replication compares: a damaged header counts as nothing, so that a
     /// peer's copy replaces it.
     fn version(&self) -> u64 {
@@ -132,18 +161,10 @@ fn duplicate(local: &Local, incoming: Option<u64>, id: Option<WriteId>) -> Optio
 
 struct Paths {
     dir: PathBuf,
-    data: PathBuf,
-    header: PathBuf,
-}
-
-impl Paths {
-    fn data_tmp(&self) -> PathBuf {
-        self.data.with_extension(TMP_EXT)
-    }
-
-    fn header_tmp(&self) -> PathBuf {
-        self.header.with_extension(format!("{HEADER_EXT}.{TMP_EXT}"))
-    }
+    /// `<chunk id>.chunk`: the headers and the data.
+    file: PathBuf,
+    /// `<chunk id>.chunk.tmp`: an install being written.
+    tmp: PathBuf,
 }
 
 /// The chunk store of one data directory.
@@ -206,14 +227,14 @@ impl Engine {
 
     fn paths(&self, chunk: ChunkId) -> Paths {
         let dir = self.chunks_dir.join(format!("{:02x}", layout::fan(chunk)));
-        let name = chunk.to_string();
-        Paths { data: dir.join(&name), header: dir.join(format!("{name}.{HEADER_EXT}")), dir }
+        let file = dir.join(format!("{chunk}.{CHUNK_EXT}"));
+        Paths { tmp: dir.join(format!("{chunk}.{CHUNK_EXT}.{TMP_EXT}")), file, dir }
     }
 
-    /// Where the chunk's bytes live, for tests that damage them.
+    /// The chunk's file and where its bytes start in it, for tests that damage them.
     #[cfg(test)]
-    pub(crate) fn data_path(&self, chunk: ChunkId) -> PathBuf {
-        self.paths(chunk).data
+    pub(crate) fn data_path(&self, chunk: ChunkId) -> (PathBuf, u64) {
+        (self.paths(chunk).file, DATA_AT)
     }
 
     /// The chunk's version; 0 when it does not exist. A damaged header is `Checksum`.
@@ -329,12 +350,13 @@ impl Engine {
         let Some(next) = admit(&local, chunk, version)? else {
             return Ok(Outcome::Skipped(local.version()));
         };
+        let previous = local.generation();
         let mut header = match local {
             Local::Present(h) => h,
             _ => Header::empty(chunk),
         };
         let paths = self.paths(chunk);
-        let file = create_data(&paths)?;
+        let file = create_file(&paths)?;
         let mut pos = 0usize;
         for &(offset, len) in ranges {
             let bytes = &data[pos..pos + len as usize];
@@ -346,7 +368,7 @@ impl Engine {
         }
         header.version = next;
         header.remember(id, next);
-        self.save_header(&paths, &header)?;
+        self.save_header(&paths, &file, header, previous)?;
         Ok(Outcome::Applied(next))
     }
 
@@ -383,10 +405,9 @@ impl Engine {
                     };
                     let mut tombstone = Header { version: next, writes, ..Header::empty(chunk) };
                     tombstone.remember(id, next);
-                    std::fs::create_dir_all(&paths.dir)
-                        .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
-                    self.save_header(&paths, &tombstone)?;
-                    remove_data(&paths)?;
+                    let file = create_file(&paths)?;
+                    self.save_header(&paths, &file, tombstone, local.generation())?;
+                    cut_data(&file, chunk, 0)?;
                     Ok(Outcome::Applied(next))
                 }
             };
@@ -394,25 +415,26 @@ impl Engine {
         let Some(next) = admit(&local, chunk, version)? else {
             return Ok(Outcome::Skipped(local.version()));
         };
+        let previous = local.generation();
         let mut header = match local {
             Local::Present(h) => h,
             _ => Header::empty(chunk),
         };
+        let file = create_file(&paths)?;
         let old_len = header.len as usize;
         let new_len = len as usize;
         if new_len > old_len {
             let zeros = vec![0u8; new_len - old_len];
-            write_blocks(&create_data(&paths)?, &mut header, old_len, &zeros)?;
+            write_blocks(&file, &mut header, old_len, &zeros)?;
         } else if new_len < old_len {
-            self.shrink_header(chunk, &paths, &mut header, new_len)?;
+            shrink_header(&file, &mut header, new_len)?;
         }
         header.version = next;
         header.remember(id, next);
-        self.save_header(&paths, &header)?;
+        self.save_header(&paths, &file, header, previous)?;
         if new_len < old_len {
             // After the header: a crash in between leaves bytes past the end, never read.
-            let file = open_data(&paths, false)?;
-            file.set_len(new_len as u64).map_err(|e| io_err(format!("truncate {chunk}"), e))?;
+            cut_data(&file, chunk, len)?;
         }
         Ok(Outcome::Applied(next))
     }
@@ -443,14 +465,20 @@ impl Engine {
         }
         std::fs::create_dir_all(&paths.dir)
             .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
-        let tmp = paths.data_tmp();
-        std::fs::write(&tmp, data)
-            .and_then(|_| std::fs::rename(&tmp, &paths.data))
-            .map_err(|e| io_err(format!("install chunk {chunk}"), e))?;
         let crcs = data.chunks(BLOCK).map(crc32c::crc32c).collect();
-        let header =
-            Header { chunk, version, len: data.len() as u32, crcs, writes: writes.to_vec() };
-        self.save_header(&paths, &header)?;
+        let header = Header {
+            chunk,
+            generation: 1,
+            version,
+            len: data.len() as u32,
+            crcs,
+            writes: writes.to_vec(),
+        };
+        self.headers.forget(chunk);
+        write_whole(&paths.tmp, &header, data)
+            .and_then(|_| std::fs::rename(&paths.tmp, &paths.file))
+            .map_err(|e| io_err(format!("install chunk {chunk}"), e))?;
+        self.headers.put(&header);
         Ok(Outcome::Applied(version))
     }
 
@@ -468,13 +496,11 @@ impl Engine {
             let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
             let paths = self.paths(chunk);
             let what = || format!("sync chunk {chunk}");
-            for (path, data_only) in [(&paths.data, true), (&paths.header, false)] {
-                match File::open(path) {
-                    Ok(f) if data_only => f.sync_data().map_err(|e| io_err(what(), e))?,
-                    Ok(f) => f.sync_all().map_err(|e| io_err(what(), e))?,
-                    Err(e) if e.kind() == ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_err(what(), e)),
-                }
+            // The headers are file data too: fdatasync covers them and the length.
+            match File::open(&paths.file) {
+                Ok(f) => f.sync_data().map_err(|e| io_err(what(), e))?,
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(what(), e)),
             }
             dirs.insert(paths.dir);
         }
@@ -497,11 +523,10 @@ impl Engine {
     /// Every chunk held, with its version (as [`Engine::list`]), length in bytes and
     /// content digest.
     pub fn list_sized(&self) -> Result<Vec<ChunkListing>, FsError> {
-        let header_suffix = format!(".{HEADER_EXT}");
+        let suffix = format!(".{CHUNK_EXT}");
         let mut out = Vec::new();
         self.for_each_file(|name| {
-            let Some(chunk) = name.strip_suffix(&header_suffix).and_then(|id| id.parse().ok())
-            else {
+            let Some(chunk) = name.strip_suffix(&suffix).and_then(|id| id.parse().ok()) else {
                 return Ok(());
             };
             let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
@@ -517,10 +542,10 @@ impl Engine {
         Ok(out)
     }
 
-    /// Every chunk that has any file in the store: a header (tombstones included), or a
-    /// data or temporary file that a crash left without one. Reads no header, so it is
-    /// cheap, and it finds what [`Engine::list`] cannot see, so that [`Engine::remove`]
-    /// of the chunks of a dead file leaves nothing of them behind.
+    /// Every chunk that has any file in the store: a chunk file (tombstones included, and
+    /// one a crash left without a header), or an install a crash left unfinished. Reads no
+    /// header, so it is cheap, and it finds what [`Engine::list`] cannot see, so that
+    /// [`Engine::remove`] of the chunks of a dead file leaves nothing of them behind.
     pub fn chunk_ids(&self) -> Result<Vec<ChunkId>, FsError> {
         let mut out = Vec::new();
         self.for_each_file(|name| {
@@ -532,8 +557,7 @@ impl Engine {
         Ok(out)
     }
 
-    /// Removes the chunk: its header (a tombstone too), its data and any temporary file
-    /// of it. Unlike a truncation to 0 it leaves no tombstone, so the chunk would restart
+    /// Removes the chunk: its file (a tombstone too) and any unfinished install of it. Unlike a truncation to 0 it leaves no tombstone, so the chunk would restart
     /// at version 1 if written again: only for chunks nobody will write again (those of
     /// dead inodes, whose numbers are never reused). A missing chunk is not an error.
     pub fn remove(&self, chunk: ChunkId) -> Result<(), FsError> {
@@ -586,16 +610,34 @@ impl Engine {
         Ok(local)
     }
 
+    /// The chunk's header from its file's two slots: the valid one of the higher
+    /// generation. A damaged slot beside a valid one is a write torn by a crash only
+    /// after an unclean stop (then the valid one is the header); otherwise it is rot.
+    /// A file with no header at all is a new chunk's whose first write a crash cut short.
     fn load_from_disk(&self, chunk: ChunkId) -> Result<Local, FsError> {
-        let path = self.paths(chunk).header;
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(match Header::decode(&bytes, chunk) {
-                Ok(h) => Local::Present(h),
-                Err(detail) => Local::Corrupt(format!("{}: {detail}", path.display())),
-            }),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Local::Absent),
-            Err(e) => Err(io_err(format!("read {}", path.display()), e)),
-        }
+        let path = self.paths(chunk).file;
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Local::Absent),
+            Err(e) => return Err(io_err(format!("open {}", path.display()), e)),
+        };
+        let read = |slot| {
+            read_slot(&file, slot, chunk).map_err(|e| io_err(format!("read {}", path.display()), e))
+        };
+        let corrupt = |detail: String| Local::Corrupt(format!("{}: {detail}", path.display()));
+        Ok(match (read(0)?, read(1)?) {
+            (Slot::Valid(a), Slot::Valid(b)) => {
+                Local::Present(if a.generation > b.generation { a } else { b })
+            }
+            (Slot::Valid(h), Slot::Empty) | (Slot::Empty, Slot::Valid(h)) => Local::Present(h),
+            (Slot::Valid(h), Slot::Damaged(_)) | (Slot::Damaged(_), Slot::Valid(h))
+                if self.opened_dirty =>
+            {
+                Local::Present(h)
+            }
+            (Slot::Empty, Slot::Empty) => Local::Absent,
+            (Slot::Damaged(detail), _) | (_, Slot::Damaged(detail)) => corrupt(detail),
+        })
     }
 
     /// Reads `[offset, offset + len)` clipped to the chunk, checking every block.
@@ -629,8 +671,12 @@ impl Engine {
         let stop = (end.div_ceil(BLOCK) * BLOCK).min(chunk_len);
         let mut buf = vec![0u8; stop - start];
         match wait {
-            Wait::Disk => read_at(&open_data(&self.paths(chunk), false)?, chunk, &mut buf, start)?,
-            Wait::Never => read_cached_at(&self.paths(chunk).data, &mut buf, start)?,
+            Wait::Disk => {
+                read_data(&open_file(&self.paths(chunk), false)?, chunk, &mut buf, start)?
+            }
+            Wait::Never => {
+                read_cached_at(&self.paths(chunk).file, &mut buf, DATA_AT as usize + start)?
+            }
         }
         for (i, block) in buf.chunks(BLOCK).enumerate() {
             check_block(chunk, header, start / BLOCK + i, block)?;
@@ -639,31 +685,26 @@ impl Engine {
         buf.drain(..offset - start);
         Ok(buf)
     }
-
-    /// Shortens `header` to `new_len` (> 0), re-checksumming the new last block.
-    fn shrink_header(
-        &self,
-        chunk: ChunkId,
-        paths: &Paths,
-        header: &mut Header,
-        new_len: usize,
-    ) -> Result<(), FsError> {
-        let last = (new_len - 1) / BLOCK;
-        let block_start = last * BLOCK;
-        if new_len - block_start < BLOCK {
-            let old_stop = (block_start + BLOCK).min(header.len as usize);
-            let mut old = vec![0u8; old_stop - block_start];
-            read_at(&open_data(paths, false)?, chunk, &mut old, block_start)?;
-            check_block(chunk, header, last, &old)?;
-            header.crcs[last] = crc32c::crc32c(&old[..new_len - block_start]);
-        }
-        header.crcs.truncate(last + 1);
-        header.len = new_len as u32;
-        Ok(())
-    }
 }
 
-/// Writes `data` at `offset` into the chunk's data `file` and updates `header`'s length
+/// Shortens `header` to `new_len` (> 0), re-checksumming the new last block, which it
+/// reads from the chunk's `file`.
+fn shrink_header(file: &File, header: &mut Header, new_len: usize) -> Result<(), FsError> {
+    let last = (new_len - 1) / BLOCK;
+    let block_start = last * BLOCK;
+    if new_len - block_start < BLOCK {
+        let old_stop = (block_start + BLOCK).min(header.len as usize);
+        let mut old = vec![0u8; old_stop - block_start];
+        read_data(file, header.chunk, &mut old, block_start)?;
+        check_block(header.chunk, header, last, &old)?;
+        header.crcs[last] = crc32c::crc32c(&old[..new_len - block_start]);
+    }
+    header.crcs.truncate(last + 1);
+    header.len = new_len as u32;
+    Ok(())
+}
+
+/// Writes `data` at `offset` into the chunk's `file` and updates `header`'s length
 /// and CRCs. Whole blocks are written: partial blocks at either end are read (and
 /// checked) first, and the gap between the old end and `offset` is written as zeros, so
 /// that a hole never depends on what a crashed earlier write left past the end.
@@ -695,7 +736,7 @@ fn write_blocks(
     if edges.is_empty() && start == offset && stop == end {
         // Whole blocks (a sequential writer's usual case): straight from the caller's
         // buffer, no copy.
-        file.write_all_at(data, start as u64).map_err(write_err)?;
+        file.write_all_at(data, DATA_AT + start as u64).map_err(write_err)?;
         for (i, block) in data.chunks(BLOCK).enumerate() {
             header.crcs[start / BLOCK + i] = crc32c::crc32c(block);
         }
@@ -705,11 +746,11 @@ fn write_blocks(
             let block_start = block * BLOCK;
             let old_stop = (block_start + BLOCK).min(old_len);
             let old = &mut buf[block_start - start..old_stop - start];
-            read_at(file, chunk, old, block_start)?;
+            read_data(file, chunk, old, block_start)?;
             check_block(chunk, header, block, old)?;
         }
         buf[offset - start..end - start].copy_from_slice(data);
-        file.write_all_at(&buf, start as u64).map_err(write_err)?;
+        file.write_all_at(&buf, DATA_AT + start as u64).map_err(write_err)?;
         for (i, block) in buf.chunks(BLOCK).enumerate() {
             header.crcs[start / BLOCK + i] = crc32c::crc32c(block);
         }
@@ -732,7 +773,7 @@ fn start_writeback(file: &File, start: usize, len: usize) {
     let rc = unsafe {
         libc::sync_file_range(
             file.as_raw_fd(),
-            start as libc::off64_t,
+            (DATA_AT + start as u64) as libc::off64_t,
             len as libc::off64_t,
             libc::SYNC_FILE_RANGE_WRITE,
         )
@@ -743,11 +784,69 @@ fn start_writeback(file: &File, start: usize, len: usize) {
     }
 }
 
-/// Opens the chunk's data file for writing, creating it and its directory if needed.
-fn create_data(paths: &Paths) -> Result<File, FsError> {
+/// Opens the chunk's file for writing, creating it and its directory if needed.
+fn create_file(paths: &Paths) -> Result<File, FsError> {
     std::fs::create_dir_all(&paths.dir)
         .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
-    open_data(paths, true)
+    open_file(paths, true)
+}
+
+/// Cuts the chunk's data in `file` to `len` bytes (its header says so already).
+fn cut_data(file: &File, chunk: ChunkId, len: u32) -> Result<(), FsError> {
+    let end = DATA_AT + u64::from(len);
+    let size = file.metadata().map_err(|e| io_err(format!("stat {chunk}"), e))?.len();
+    if size > end {
+        file.set_len(end).map_err(|e| io_err(format!("truncate {chunk}"), e))?;
+    }
+    Ok(())
+}
+
+/// Writes a new chunk file at `path` holding `header` (in the slot of its generation)
+/// and `data`, not synced.
+fn write_whole(path: &Path, header: &Header, data: &[u8]) -> std::io::Result<File> {
+    let file = File::create(path)?;
+    file.write_all_at(&header.encode(), slot_at(header.generation))?;
+    file.write_all_at(data, DATA_AT)?;
+    Ok(file)
+}
+
+/// Where the header of `generation` goes in a chunk file.
+fn slot_at(generation: u64) -> u64 {
+    (generation % 2) * SLOT_LEN
+}
+
+/// What header slot `slot` of the chunk `file` holds.
+fn read_slot(file: &File, slot: u64, chunk: ChunkId) -> std::io::Result<Slot> {
+    let at = slot * SLOT_LEN;
+    let mut buf = vec![0u8; SLOT_READ_FIRST];
+    let n = read_up_to(file, &mut buf, at)?;
+    buf.truncate(n);
+    // A longer header (a chunk of more than ~3.5 MiB): its block count, unchecked until
+    // the header's crc is, only bounds how much more is read.
+    if n == SLOT_READ_FIRST {
+        let blocks = u32::from_le_bytes([buf[44], buf[45], buf[46], buf[47]]) as usize;
+        let want = header::len_max(blocks).min(SLOT_LEN as usize);
+        if want > n {
+            buf.resize(want, 0);
+            let more = read_up_to(file, &mut buf[n..], at + n as u64)?;
+            buf.truncate(n + more);
+        }
+    }
+    Ok(Header::decode_slot(&buf, chunk))
+}
+
+/// Reads from `at` into `buf` until it is full or the file ends; how much it read.
+fn read_up_to(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 fn check_extent(chunk: ChunkId, end: u64) -> Result<(), FsError> {
@@ -770,19 +869,19 @@ fn check_block(chunk: ChunkId, header: &Header, block: usize, bytes: &[u8]) -> R
     }
 }
 
-fn open_data(paths: &Paths, create: bool) -> Result<File, FsError> {
+fn open_file(paths: &Paths, create: bool) -> Result<File, FsError> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(create)
         .truncate(false)
-        .open(&paths.data)
+        .open(&paths.file)
         .map_err(|e| match e.kind() {
-            // The header exists but the data does not: that is damage, not a hole.
+            // A header was read from it a moment ago: that is damage, not a hole.
             ErrorKind::NotFound => {
-                FsError::Checksum(format!("{} is missing", paths.data.display()))
+                FsError::Checksum(format!("{} is missing", paths.file.display()))
             }
-            _ => io_err(format!("open {}", paths.data.display()), e),
+            _ => io_err(format!("open {}", paths.file.display()), e),
         })
 }
 
@@ -836,27 +935,38 @@ fn read_cached_at(path: &Path, buf: &mut [u8], at: usize) -> Result<(), FsError>
     }
 }
 
-fn read_at(file: &File, chunk: ChunkId, buf: &mut [u8], at: usize) -> Result<(), FsError> {
-    file.read_exact_at(buf, at as u64).map_err(|e| match e.kind() {
+/// Reads the chunk's bytes at `at` (of the data, not of the file).
+fn read_data(file: &File, chunk: ChunkId, buf: &mut [u8], at: usize) -> Result<(), FsError> {
+    file.read_exact_at(buf, DATA_AT + at as u64).map_err(|e| match e.kind() {
         ErrorKind::UnexpectedEof => {
-            FsError::Checksum(format!("chunk {chunk}: data file is shorter than its header says"))
+            FsError::Checksum(format!("chunk {chunk}: its data is shorter than its header says"))
         }
         _ => io_err(format!("read {chunk}"), e),
     })
 }
 
 impl Engine {
-    /// Replaces the chunk's header file (the caller holds the stripe for writing).
-    fn save_header(&self, paths: &Paths, header: &Header) -> Result<(), FsError> {
+    /// Writes `header` into the chunk's `file` as the next generation after `previous`,
+    /// in the slot the current header is not in (the caller holds the stripe for
+    /// writing). With a damaged slot (`previous` None) the first slot is cleared before
+    /// the new header goes to the second, so that no older header can outrank it.
+    fn save_header(
+        &self,
+        paths: &Paths,
+        file: &File,
+        mut header: Header,
+        previous: Option<u64>,
+    ) -> Result<(), FsError> {
         self.headers.forget(header.chunk);
-        let tmp = paths.header_tmp();
+        header.generation = previous.unwrap_or(0) + 1;
         let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&header.encode())?;
-            std::fs::rename(&tmp, &paths.header)
+            if previous.is_none() {
+                file.write_all_at(&[0u8; 4], slot_at(0))?;
+            }
+            file.write_all_at(&header.encode(), slot_at(header.generation))
         };
-        write().map_err(|e| io_err(format!("write {}", paths.header.display()), e))?;
-        self.headers.put(header);
+        write().map_err(|e| io_err(format!("write {}", paths.file.display()), e))?;
+        self.headers.put(&header);
         Ok(())
     }
 
@@ -867,20 +977,10 @@ impl Engine {
     }
 }
 
-/// Removes the data file of a chunk whose header says it is empty.
-fn remove_data(paths: &Paths) -> Result<(), FsError> {
-    match std::fs::remove_file(&paths.data) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_err(format!("remove {}", paths.data.display()), e)),
-    }
-}
-
-/// Removes the header first: from then on the chunk does not exist, whatever happens to
-/// the data file. Then the data and what a crash may have left of a write in progress.
+/// Removes the chunk's file, then what a crash may have left of an install.
 fn remove_files(paths: &Paths) -> Result<(), FsError> {
-    for path in [paths.header.clone(), paths.data.clone(), paths.header_tmp(), paths.data_tmp()] {
-        match std::fs::remove_file(&path) {
+    for path in [&paths.file, &paths.tmp] {
+        match std::fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(format!("remove {}", path.display()), e)),
@@ -912,13 +1012,15 @@ fn each_file(
     Ok(())
 }
 
-/// The chunk whose file (data, header, or a temporary one of either) is named `name`.
+/// The chunk whose file (a chunk file or an unfinished install, and in a store of chunk
+/// layout 2 its data, header, or a temporary one of either) is named `name`.
 fn parse_file_name(name: &str) -> Option<ChunkId> {
     fn strip<'a>(name: &'a str, ext: &str) -> Option<&'a str> {
         name.strip_suffix(ext)?.strip_suffix('.')
     }
     let name = strip(name, TMP_EXT).unwrap_or(name);
-    strip(name, HEADER_EXT).unwrap_or(name).parse().ok()
+    let name = strip(name, CHUNK_EXT).or_else(|| strip(name, layout::HEADER_EXT)).unwrap_or(name);
+    name.parse().ok()
 }
 
 /// An I/O error with what was being done ("verb object"); ENOSPC stays `NoSpace`.

@@ -12,9 +12,14 @@ fn engine() -> (tempfile::TempDir, Engine) {
     (dir, engine)
 }
 
-/// Flips one byte of the chunk's data file on disk.
+/// Flips one byte of the chunk's data on disk.
 fn flip_data_byte(engine: &Engine, chunk: ChunkId, at: u64) {
-    let file = OpenOptions::new().read(true).write(true).open(engine.paths(chunk).data).unwrap();
+    flip_file_byte(engine, chunk, DATA_AT + at);
+}
+
+/// Flips one byte of the chunk's file on disk.
+fn flip_file_byte(engine: &Engine, chunk: ChunkId, at: u64) {
+    let file = OpenOptions::new().read(true).write(true).open(engine.paths(chunk).file).unwrap();
     let mut b = [0u8; 1];
     file.read_exact_at(&mut b, at).unwrap();
     file.write_all_at(&[b[0] ^ 0x40], at).unwrap();
@@ -105,7 +110,9 @@ fn truncate_shrinks_extends_and_removes() {
     assert_eq!(e.version(id(4)).unwrap(), 5);
     assert_eq!(e.list().unwrap(), vec![(id(4), 5)]);
     let files: Vec<_> = walk(dir.path().join("chunks"));
-    assert_eq!(files.len(), 1, "only the header is left: {files:?}");
+    assert_eq!(files.len(), 1, "only the chunk file is left: {files:?}");
+    let size = std::fs::metadata(&files[0]).unwrap().len();
+    assert!(size <= DATA_AT, "a tombstone keeps no data: {size} bytes");
     assert_eq!(e.truncate(id(4), 0, None, None).unwrap(), Outcome::Skipped(5));
     assert_eq!(e.write(id(4), 0, b"again", None, None).unwrap(), Outcome::Applied(6));
     assert_eq!(e.read(id(4), 0, 10).unwrap(), b"again".to_vec());
@@ -146,10 +153,9 @@ fn a_flipped_byte_on_disk_is_a_checksum_error() {
 fn a_corrupt_header_is_a_clear_error_not_a_panic() {
     let (_d, e) = engine();
     e.write(id(6), 0, b"hello", None, None).unwrap();
-    let header = e.paths(id(6)).header;
-    let mut bytes = std::fs::read(&header).unwrap();
-    bytes[30] ^= 0xff;
-    std::fs::write(&header, &bytes).unwrap();
+    // The first header is generation 1, in the second slot.
+    flip_file_byte(&e, id(6), SLOT_LEN + 30);
+    let file = e.paths(id(6)).file;
     // Readers keep the cached good copy; the scrubber's verify reads the file, finds the
     // rot, and from then on the chunk reads as damaged until it is repaired.
     assert_eq!(e.read(id(6), 0, 5).unwrap(), b"hello");
@@ -161,7 +167,7 @@ fn a_corrupt_header_is_a_clear_error_not_a_panic() {
     // Listed as version 0, so that a resync replaces it; a successor asks for a copy.
     assert_eq!(e.list().unwrap(), vec![(id(6), 0)]);
     assert_eq!(e.write(id(6), 0, b"x", Some(2), None), Err(FsError::Stale));
-    std::fs::write(&header, b"short").unwrap();
+    std::fs::write(&file, b"short").unwrap();
     assert!(
         matches!(e.read(id(6), 0, 5), Err(FsError::Checksum(ref m)) if m.contains("too short"))
     );
@@ -297,13 +303,13 @@ fn remove_leaves_nothing_of_a_chunk_tombstone_or_crash_leftover() {
     e.write(id(1), 0, b"cut", None, None).unwrap();
     e.truncate(id(1), 0, None, None).unwrap();
     e.write(other, 0, b"kept", None, None).unwrap();
-    // A crash after a new chunk's data but before its header, and one during a header
-    // update and an install: files that `list` does not show.
+    // A crash after a new chunk's data but before its header, and one during an
+    // install: files that `list` does not show.
     let crashed = e.paths(id(2));
     std::fs::create_dir_all(&crashed.dir).unwrap();
-    std::fs::write(&crashed.data, b"orphaned data").unwrap();
-    std::fs::write(e.paths(id(0)).header_tmp(), b"half a header").unwrap();
-    std::fs::write(e.paths(id(0)).data_tmp(), b"half an install").unwrap();
+    File::create(&crashed.file).unwrap().write_all_at(b"orphaned data", DATA_AT).unwrap();
+    std::fs::write(e.paths(id(0)).tmp, b"half an install").unwrap();
+    assert_eq!(e.version(id(2)).unwrap(), 0, "a chunk file without a header");
     assert_eq!(e.list().unwrap(), vec![(id(0), 1), (id(1), 2), (other, 1)]);
     assert_eq!(e.chunk_ids().unwrap(), vec![id(0), id(1), id(2), other]);
 
@@ -320,7 +326,7 @@ fn remove_leaves_nothing_of_a_chunk_tombstone_or_crash_leftover() {
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     left.sort();
-    assert_eq!(left, vec![other.to_string(), format!("{other}.meta")]);
+    assert_eq!(left, vec![format!("{other}.chunk")]);
 }
 
 #[test]
@@ -348,4 +354,70 @@ fn a_cached_read_answers_only_what_a_read_from_disk_would() {
     // What the engine just wrote, it reads back without the disk.
     e.write(id(1), 0, &data, None, None).unwrap();
     assert_eq!(e.read_cached(id(1), 100, 200).as_deref(), Some(&data[100..300]));
+}
+
+/// A change rewrites the header in place, in the slot the current one is not in: the
+/// chunk keeps its one file (no inode is allocated or freed), and the slots alternate.
+#[test]
+fn a_change_rewrites_the_other_header_slot_of_the_same_file() {
+    use std::os::unix::fs::MetadataExt;
+    let (_d, e) = engine();
+    e.write(id(0), 0, &[1u8; 6000], None, None).unwrap();
+    let file = e.paths(id(0)).file;
+    let inode = std::fs::metadata(&file).unwrap().ino();
+    let slot = |n: u64| {
+        let f = File::open(&file).unwrap();
+        match read_slot(&f, n, id(0)).unwrap() {
+            Slot::Valid(h) => Some((h.generation, h.version)),
+            Slot::Empty => None,
+            Slot::Damaged(detail) => panic!("slot {n}: {detail}"),
+        }
+    };
+    assert_eq!((slot(0), slot(1)), (None, Some((1, 1))));
+    e.write(id(0), 100, b"second", None, None).unwrap();
+    assert_eq!((slot(0), slot(1)), (Some((2, 2)), Some((1, 1))));
+    e.truncate(id(0), 50, None, None).unwrap();
+    assert_eq!((slot(0), slot(1)), (Some((2, 2)), Some((3, 3))));
+    e.truncate(id(0), 0, None, None).unwrap();
+    assert_eq!((slot(0), slot(1)), (Some((4, 4)), Some((3, 3))));
+    e.write(id(0), 0, b"again", None, None).unwrap();
+    assert_eq!(std::fs::metadata(&file).unwrap().ino(), inode, "the same file throughout");
+    assert_eq!(e.read(id(0), 0, 100).unwrap(), b"again");
+    assert_eq!(walk(e.chunks_dir.clone()), vec![file]);
+}
+
+/// A damaged header slot beside a whole one is a write a crash tore only after an
+/// unclean stop: then the whole one is the header (its CRCs catch the data the torn
+/// change wrote). After a clean stop it is rot, and the chunk reads as damaged.
+#[test]
+fn a_torn_header_slot_falls_back_only_after_an_unclean_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(dir.path()).unwrap();
+    e.write(id(0), 0, &[1u8; 8192], None, None).unwrap();
+    e.write(id(0), 4096, &[2u8; 4096], None, None).unwrap();
+    e.close_clean().unwrap();
+    drop(e);
+    let e = Engine::open(dir.path()).unwrap();
+    // Generation 2, the second write's header, is in the first slot.
+    flip_file_byte(&e, id(0), 30);
+    e.close_clean().unwrap();
+    drop(e);
+    let e = Engine::open(dir.path()).unwrap();
+    assert!(!e.opened_dirty());
+    let err = e.read(id(0), 0, 10).unwrap_err();
+    assert!(matches!(err, FsError::Checksum(ref m) if m.contains("header crc")), "{err:?}");
+    assert_eq!(e.list().unwrap(), vec![(id(0), 0)]);
+    drop(e);
+    let e = Engine::open(dir.path()).unwrap();
+    assert!(e.opened_dirty());
+    assert_eq!(e.version(id(0)).unwrap(), 1, "the first write's header");
+    assert_eq!(e.read(id(0), 0, 4096).unwrap(), vec![1u8; 4096]);
+    assert!(matches!(e.read(id(0), 4096, 10), Err(FsError::Checksum(_))));
+    // The next change goes to the torn slot, which is whole again after it.
+    assert_eq!(e.write(id(0), 4096, &[4u8; 4096], None, None).unwrap(), Outcome::Applied(2));
+    e.close_clean().unwrap();
+    drop(e);
+    let e = Engine::open(dir.path()).unwrap();
+    assert_eq!(e.version(id(0)).unwrap(), 2);
+    assert_eq!(e.read(id(0), 0, 8192).unwrap(), [[1u8; 4096], [4u8; 4096]].concat());
 }

@@ -824,9 +824,9 @@ async fn a_corrupt_block_is_reported_and_other_replicas_serve_it() {
         let data = vec![0xabu8; 10_000];
         c.write(&chain, chunk(5), 0, &data).await;
         let path = c.dirs[1].path().join("chunks");
-        let file = find_file(&path, &chunk(5).to_string());
+        let file = find_file(&path, chunk(5));
         let mut bytes = std::fs::read(&file).unwrap();
-        bytes[4097] ^= 0xff;
+        bytes[crate::engine::DATA_AT as usize + 4097] ^= 0xff;
         std::fs::write(&file, bytes).unwrap();
         let err = c.read(1, &chain, chunk(5)).await.unwrap_err();
         assert!(matches!(err, FsError::Checksum(ref m) if m.contains("block 1")), "{err:?}");
@@ -846,9 +846,11 @@ async fn a_corrupt_block_is_reported_and_other_replicas_serve_it() {
     .await;
 }
 
-fn find_file(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+/// The file of `chunk` in the store under `dir`.
+fn find_file(dir: &std::path::Path, chunk: ChunkId) -> std::path::PathBuf {
+    let name = format!("{chunk}.{}", crate::engine::CHUNK_EXT);
     for fan in std::fs::read_dir(dir).unwrap() {
-        let candidate = fan.unwrap().path().join(name);
+        let candidate = fan.unwrap().path().join(&name);
         if candidate.exists() {
             return candidate;
         }
@@ -922,9 +924,11 @@ async fn an_unclean_restart_repairs_chunks_whose_data_disagrees_with_their_heade
         let gone = c.node(2);
         c.servers[2].take().unwrap().stop().await;
         c.meta.set_chain(&[c.node(0), c.node(1)], &[]);
-        // As if the process died between writing data and renaming the new header.
-        let file = find_file(&c.dirs[2].path().join("chunks"), &chunk(1).to_string());
-        std::fs::write(&file, [6u8; 6000]).unwrap();
+        // As if the process died between writing data and writing the new header.
+        let file = find_file(&c.dirs[2].path().join("chunks"), chunk(1));
+        let file = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &[6u8; 6000], crate::engine::DATA_AT)
+            .unwrap();
         std::fs::write(c.dirs[2].path().join("DIRTY"), b"").unwrap();
         c.servers[2] = Some(Running::start(config(c.dirs[2].path(), c.meta_addr)).await.unwrap());
         let syncing = c.meta.set_chain(&[c.node(0), c.node(1)], &[gone]);
@@ -947,9 +951,9 @@ async fn a_damaged_replica_is_repaired_from_a_chain_member() {
         let data: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
         let version = c.write(&chain, chunk(3), 0, &data).await;
         let damaged = &c.server(1).server;
-        let path = damaged.engine.data_path(chunk(3));
+        let (path, data_at) = damaged.engine.data_path(chunk(3));
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[9000] ^= 0x40;
+        bytes[data_at as usize + 9000] ^= 0x40;
         std::fs::write(&path, bytes).unwrap();
         // The damage never reaches a reader: the read is refused and reported.
         let read = c.read(1, &chain, chunk(3)).await;
