@@ -257,10 +257,15 @@ fn check_history(records: &[Record], anomalies: &mut Vec<String>) -> (usize, usi
     (ops, keys)
 }
 
-/// Writes one key's records, in invocation order, to a file for the person who reads
-/// the anomaly; returns its path.
+/// Where a run writes every key's history, for the person who reads its anomalies.
+pub fn histories_dir() -> PathBuf {
+    std::env::temp_dir().join("stoa-fault-histories")
+}
+
+/// Writes one key's records, in invocation order, to a file in [`histories_dir`];
+/// returns its path.
 fn dump_history(key: &str, recs: &[&Record]) -> String {
-    let dir = std::env::temp_dir().join("stoa-fault-histories");
+    let dir = histories_dir();
     let path = dir.join(format!("{}.txt", key.replace('/', "_")));
     let mut sorted = recs.to_vec();
     sorted.sort_by_key(|r| r.invoke_ns);

@@ -34,4 +34,6 @@ fn a_short_randomized_fault_run_shows_no_anomaly() {
         "too few operations checked:{text}"
     );
     assert_eq!(summary.anomalies(), 0, "anomalies found (seed {seed}):{text}");
+    // Kept for the reader of a failure only.
+    let _ = std::fs::remove_dir_all(run::histories_dir());
 }
