@@ -335,7 +335,15 @@ async fn a_lagging_replica_catches_up_by_snapshot_after_compaction() {
         create(&client, session, i + 1, &format!("f{i}")).await;
     }
     let view = cluster.server(leader).node.raft.view();
-    let (snapshot, purged) = cluster.server(leader).node.raft.compaction();
+    // The purge follows the snapshot in the background: give it a moment (bounded).
+    let compacted = Instant::now() + Duration::from_secs(10);
+    let (snapshot, purged) = loop {
+        let (snapshot, purged) = cluster.server(leader).node.raft.compaction();
+        if purged.is_some() || Instant::now() > compacted {
+            break (snapshot, purged);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(snapshot.is_some(), "no snapshot built: {view:?}");
     assert!(purged.is_some(), "log not compacted: {view:?}");
     assert!(cluster.dirs[leader].path().join("snapshots/current.snap").exists());
