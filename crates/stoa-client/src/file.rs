@@ -397,9 +397,13 @@ impl FileState {
         self.changed.notify_waiters();
         self.pump(&sh);
         self.start_commit(&sh);
-        // A close may have returned before this write (`close`): the state of a file
-        // closed meanwhile goes once nothing is left of it (a failed write has no
-        // commit, whose answer would let it go otherwise).
+        // A close may have returned before this write (`close`), and a failed write has
+        // no commit whose answer would let the file's state go.
+        self.forget_if_closed(&sh);
+    }
+
+    /// Lets the state of a file with no handle left go once nothing is left of it.
+    fn forget_if_closed(&self, sh: &Shared) {
         if self.lock().opens == 0 {
             sh.forget_if_unused(self.ino);
         }
@@ -514,12 +518,9 @@ impl FileState {
     /// the commit (see `close`), lets the state of a file closed meanwhile go.
     fn commit_done(&self, sh: &Shared, mut inner: MutexGuard<'_, FileInner>) {
         self.settle(&mut inner);
-        let closed = inner.opens == 0;
         drop(inner);
         self.changed.notify_waiters();
-        if closed {
-            sh.forget_if_unused(self.ino);
-        }
+        self.forget_if_closed(sh);
     }
 
     /// Sends everything buffered, waits for every write in flight, and reports a

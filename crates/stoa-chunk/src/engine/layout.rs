@@ -27,7 +27,8 @@
 
 use super::header::Header;
 use super::{
-    each_file, io_err, parse_file_name, slot_at, write_whole, CHUNK_EXT, DATA_AT, TMP_EXT,
+    each_file, io_err, parse_file_name, remove_if_present, slot_at, write_whole, CHUNK_EXT,
+    DATA_AT, TMP_EXT,
 };
 use crate::sealed;
 use std::collections::{BTreeMap, BTreeSet};
@@ -152,19 +153,9 @@ fn join_one(dir: &Path, chunk: ChunkId) -> Result<bool, FsError> {
             }
         },
     };
-    let leftovers = [
-        data,
-        header,
-        dir.join(format!("{name}.{TMP_EXT}")),
-        dir.join(format!("{name}.{HEADER_EXT}.{TMP_EXT}")),
-    ];
-    for path in leftovers {
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(format!("remove {}", path.display()), e)),
-        }
-    }
+    let data_tmp = dir.join(format!("{name}.{TMP_EXT}"));
+    let header_tmp = dir.join(format!("{name}.{HEADER_EXT}.{TMP_EXT}"));
+    remove_if_present(&[&data, &header, &data_tmp, &header_tmp])?;
     Ok(joined)
 }
 

@@ -557,8 +557,9 @@ impl Engine {
         Ok(out)
     }
 
-    /// Removes the chunk: its file (a tombstone too) and any unfinished install of it. Unlike a truncation to 0 it leaves no tombstone, so the chunk would restart
-    /// at version 1 if written again: only for chunks nobody will write again (those of
+    /// Removes the chunk: its file (a tombstone too) and any unfinished install of it.
+    /// Unlike a truncation to 0 it leaves no tombstone, so the chunk would restart at
+    /// version 1 if written again: only for chunks nobody will write again (those of
     /// dead inodes, whose numbers are never reused). A missing chunk is not an error.
     pub fn remove(&self, chunk: ChunkId) -> Result<(), FsError> {
         let _lock = self.stripe(chunk).write().expect("chunk lock poisoned");
@@ -979,7 +980,12 @@ impl Engine {
 
 /// Removes the chunk's file, then what a crash may have left of an install.
 fn remove_files(paths: &Paths) -> Result<(), FsError> {
-    for path in [&paths.file, &paths.tmp] {
+    remove_if_present(&[&paths.file, &paths.tmp])
+}
+
+/// Removes each of `paths` that exists, in order.
+fn remove_if_present(paths: &[&Path]) -> Result<(), FsError> {
+    for path in paths {
         match std::fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
