@@ -93,6 +93,9 @@ struct Held {
     /// The events tick (`Table::tick`) of the cap's last use, for giving back the least
     /// recently used ones.
     used: u64,
+    /// The [`Table::forgets`] count at which `attr` was last forgotten: an answer to a
+    /// call sent before then is older than what made it stale (caps.md invariant 15).
+    forgotten: u64,
 }
 
 /// An inode being recalled: operations on it run uncapped and are counted.
@@ -120,6 +123,9 @@ struct Table {
     generation: u64,
     /// Advanced by every poll of the events stream: the clock of `Held::used`.
     tick: u64,
+    /// How many times [`Caps::forget`] ran: the clock of `Held::forgotten`, read by a
+    /// caller before it sends a call whose answer carries attributes.
+    forgets: u64,
     /// Directories recalled while the kernel cached names in them, and until when the
     /// kernel gets their names with no TTL. The kernel invalidates a cached name only
     /// under the directory's lock, which it holds while this mount's own change there
@@ -285,21 +291,32 @@ impl Caps {
         Caps::usable(&mut self.lock(), parent)?.names.get(name).copied()
     }
 
-    /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held.
-    pub fn update_attr(&self, attr: Attr) {
+    /// Where the clock of forgotten attributes stands: read before sending a call
+    /// whose answer carries attributes, and passed with them to [`Caps::update_attr`].
+    pub fn epoch(&self) -> u64 {
+        self.lock().forgets
+    }
+
+    /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held,
+    /// from the answer to a call sent at `sent` (an [`Caps::epoch`]).
+    pub fn update_attr(&self, attr: Attr, sent: u64) {
         if let Some(h) = self.lock().held.get_mut(&attr.ino) {
-            keep_newest(&mut h.attr, &attr);
+            keep_newest(h, &attr, sent);
         }
     }
 
     /// Forgets what this client's own change made stale: the attributes of `inodes`
-    /// (and the listings of those that are directories) and the names `names`.
+    /// (and the listings of those that are directories) and the names `names`. Answers
+    /// to calls sent before this are not cached after it.
     pub fn forget(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
         let mut t = self.lock();
+        t.forgets += 1;
+        let now = t.forgets;
         for ino in inodes {
             if let Some(h) = t.held.get_mut(ino) {
                 h.attr = None;
                 h.listing = None;
+                h.forgotten = now;
             }
         }
         for (parent, name) in names {
@@ -326,9 +343,13 @@ impl Caps {
     /// Forgets the attributes of every hard-linked inode: a name this client removed may
     /// have been one of theirs without this client having looked it up.
     pub fn forget_linked(&self) {
-        for h in self.lock().held.values_mut() {
+        let mut t = self.lock();
+        t.forgets += 1;
+        let now = t.forgets;
+        for h in t.held.values_mut() {
             if h.attr.as_ref().is_some_and(|a| a.nlink > 1) {
                 h.attr = None;
+                h.forgotten = now;
             }
         }
     }
@@ -379,8 +400,9 @@ impl Caps {
         t.held.get(&ino)?.listing.as_ref().map(HashMap::len)
     }
 
-    /// Stores an exclusive directory cap with its listing, unless a recall named it.
-    pub fn store_dir(&self, grant: &DirGrant) -> bool {
+    /// Stores an exclusive directory cap with its listing, unless a recall named it;
+    /// `sent` is the [`Caps::epoch`] the grant was asked for at.
+    pub fn store_dir(&self, grant: &DirGrant, sent: u64) -> bool {
         let mut t = self.lock();
         let ino = grant.attr.ino;
         if cap_seq_term(grant.seq) < t.term || t.recalled.get(&ino).is_some_and(|&r| r >= grant.seq)
@@ -391,7 +413,7 @@ impl Caps {
         let h = t.held.entry(ino).or_insert_with(empty_held);
         h.mode = CapMode::Exclusive;
         h.seq = h.seq.max(grant.seq);
-        keep_newest(&mut h.attr, &grant.attr);
+        keep_newest(h, &grant.attr, sent);
         h.listing = Some(listing);
         true
     }
@@ -516,10 +538,7 @@ impl Caps {
     /// Drops the listing of `dir`: a change made in it was refused by meta, so the
     /// listing may be wrong; the next change there takes it again.
     pub fn drop_listing(&self, dir: InodeId) {
-        if let Some(h) = self.lock().held.get_mut(&dir) {
-            h.listing = None;
-            h.attr = None;
-        }
+        self.forget(&[dir], &[]);
     }
 
     fn gate(&self, ino: InodeId) -> Arc<RwLock<()>> {
@@ -540,7 +559,7 @@ impl Caps {
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
             h.used = used;
-            keep_newest(&mut h.attr, &grant.attr);
+            keep_newest(h, &grant.attr, grant.sent);
             stored = true;
         }
         if let Some((parent, name)) = dir {
@@ -707,11 +726,13 @@ impl Pinned {
     }
 }
 
-/// Caches `attr` unless what is cached is a newer version: answers from meta (a grant,
-/// a commit) can arrive in another order than meta gave them.
-fn keep_newest(cached: &mut Option<Attr>, attr: &Attr) {
-    if cached.as_ref().is_none_or(|c| c.version <= attr.version) {
-        *cached = Some(attr.clone());
+/// Caches `attr`, the answer to a call sent at epoch `sent`, unless what is cached is a
+/// newer version or the attributes were forgotten after the call was sent: answers from
+/// meta (a grant, a commit) can arrive in another order than meta gave them, and once
+/// forgotten nothing cached is left to compare a version with.
+fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) {
+    if h.forgotten <= sent && h.attr.as_ref().is_none_or(|c| c.version <= attr.version) {
+        h.attr = Some(attr.clone());
     }
 }
 
@@ -722,6 +743,8 @@ struct Grant {
     seq: u64,
     /// The directory's grant, for a lookup.
     dir_seq: u64,
+    /// The [`Caps::epoch`] the grant was asked for at.
+    sent: u64,
 }
 
 impl Client {
@@ -759,8 +782,11 @@ impl Client {
         let lease = Duration::from_millis(self.session().lease_ms);
         let op = MetaOp::GetCaps { ino, name: name.map(<[u8]>::to_vec), mode };
         let sent = Instant::now();
+        let epoch = self.sh.caps.epoch();
         let grant = match self.sh.session.call_leader(op, lease + GRANT_TIMEOUT_EXTRA).await? {
-            MetaResponse::Caps { attr, mode, seq, dir_seq } => Grant { attr, mode, seq, dir_seq },
+            MetaResponse::Caps { attr, mode, seq, dir_seq } => {
+                Grant { attr, mode, seq, dir_seq, sent: epoch }
+            }
             other => return Err(unexpected("GetCaps", &other)),
         };
         self.renewed(sent).await;
@@ -1137,6 +1163,7 @@ fn empty_held() -> Held {
         kernel_names: false,
         listing: None,
         used: 0,
+        forgotten: 0,
     }
 }
 
@@ -1183,12 +1210,12 @@ mod tests {
         caps.renewed(Instant::now(), Duration::from_secs(10));
         let mut dir = attr(DIR);
         dir.kind = FileKind::Dir;
-        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries: vec![] }));
+        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries: vec![] }, 0));
         caps
     }
 
     fn looked_up(caps: &Caps, name: &[u8], child: InodeId, seq: u64, dir_seq: u64) {
-        let grant = Grant { attr: attr(child), mode: CapMode::Shared, seq, dir_seq };
+        let grant = Grant { attr: attr(child), mode: CapMode::Shared, seq, dir_seq, sent: 0 };
         assert!(caps.store(&grant, Some((DIR, name))));
     }
 
@@ -1378,9 +1405,42 @@ mod tests {
         let want = vec![CapRef { ino: gone, seq: every }, CapRef { ino: replaced, seq: every }];
         assert_eq!(std::mem::take(&mut caps.lock().released), want);
         assert!(caps.cached_attr(kept).is_some(), "an open file keeps its cap");
-        let late =
-            Grant { attr: attr(gone), mode: CapMode::Shared, seq: cap_seq(1, 9), dir_seq: 0 };
+        let seq = cap_seq(1, 9);
+        let late = Grant { attr: attr(gone), mode: CapMode::Shared, seq, dir_seq: 0, sent: 0 };
         assert!(!caps.store(&late, None), "a grant of a file given back is not cached");
         assert!(caps.cached_attr(gone).is_none());
+    }
+
+    /// A call that changes a link count makes the client forget the inode's attributes;
+    /// the answer to a call sent before that (a size commit or a grant read at meta
+    /// before the change) must not fill the cache again with the old count, whatever its
+    /// version says. Found in CI (`posix.rs`): a second hard link showed 2 links after
+    /// the first was unlinked.
+    #[test]
+    fn an_answer_to_a_call_sent_before_a_forget_is_not_cached_after_it() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let file = InodeId(2);
+        let mut linked = attr(file);
+        linked.nlink = 2;
+        let seq = cap_seq(1, 1);
+        let grant = Grant { attr: linked.clone(), mode: CapMode::Shared, seq, dir_seq: 0, sent: 0 };
+        assert!(caps.store(&grant, None));
+        let before = caps.epoch();
+        caps.forget(&[file], &[]);
+        let mut committed = linked.clone();
+        committed.version = 2;
+        caps.update_attr(committed.clone(), before);
+        assert!(caps.cached_attr(file).is_none(), "a commit sent before the unlink");
+        let seq = cap_seq(1, 2);
+        let late =
+            Grant { attr: committed.clone(), mode: CapMode::Shared, seq, dir_seq: 0, sent: before };
+        assert!(caps.store(&late, None));
+        assert!(caps.cached_attr(file).is_none(), "a grant asked for before the unlink");
+        let mut unlinked = committed;
+        unlinked.nlink = 1;
+        unlinked.version = 3;
+        caps.update_attr(unlinked.clone(), caps.epoch());
+        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked));
     }
 }

@@ -414,6 +414,7 @@ impl Client {
     async fn take(&self, dir: InodeId) -> Result<bool, FsError> {
         let op = MetaOp::TakeDir { ino: dir, limit: LISTING_LIMIT };
         let sent = Instant::now();
+        let epoch = self.sh.caps.epoch();
         let changes = &self.sh.session.entry_changes;
         let mark = changes.mark();
         let grant = match self.sh.session.call_leader(op, TAKE_TIMEOUT).await? {
@@ -422,7 +423,7 @@ impl Client {
         };
         self.renewed(sent).await;
         let Some(grant) = grant else { return Ok(false) };
-        if !self.sh.caps.store_dir(&grant) {
+        if !self.sh.caps.store_dir(&grant, epoch) {
             return Ok(false);
         }
         // A change of ours that went to meta meanwhile may have been applied after the
@@ -536,11 +537,12 @@ async fn send(sh: Arc<Shared>, lane: Lane) {
             refused(&sh, &q.op, &FsError::SessionExpired);
         }
         if !live.is_empty() {
+            let sent = sh.caps.epoch();
             match call(&sh, lane, &live).await {
                 Ok(results) => {
                     for (q, result) in live.iter().zip(results) {
                         match result {
-                            Ok(Some(attr)) => committed(&sh, attr),
+                            Ok(Some(attr)) => committed(&sh, attr, sent),
                             Ok(None) => {}
                             Err(e) => refused(&sh, &q.op, &e),
                         }
@@ -582,13 +584,14 @@ async fn call(
     }
 }
 
-/// Meta applied a size commit of this client's: the file and its cap take the
-/// attributes it left, whose version orders them against every other answer.
-fn committed(sh: &Shared, attr: Attr) {
+/// Meta applied a size commit of this client's, sent at epoch `sent`: the file and its
+/// cap take the attributes it left, whose version orders them against every other
+/// answer.
+fn committed(sh: &Shared, attr: Attr, sent: u64) {
     if let Some(file) = sh.open_file(attr.ino) {
         file.lock().learn(&attr);
     }
-    sh.caps.update_attr(attr);
+    sh.caps.update_attr(attr, sent);
 }
 
 /// Meta refused a change this client had already answered, or it was never sent: the

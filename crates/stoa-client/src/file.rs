@@ -483,6 +483,7 @@ impl FileState {
             // session it was written in only (a new session would take it).
             let session = sh.session.id();
             let commit = MetaOp::CommitWrite { ino: self.ino, size: end };
+            let sent = sh.caps.epoch();
             let result = match sh.caps.write_deadline(generation) {
                 Ok(_) => sh.session.call_in(session, commit).await,
                 Err(e) => Err(e),
@@ -491,7 +492,7 @@ impl FileState {
             match result {
                 Ok(MetaResponse::Attr(attr)) => {
                     inner.learn(&attr);
-                    sh.caps.update_attr(attr);
+                    sh.caps.update_attr(attr, sent);
                 }
                 Ok(_) => {
                     inner.meta_size = Some(inner.meta_size.map_or(end, |s| s.max(end)));

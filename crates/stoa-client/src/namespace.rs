@@ -29,6 +29,7 @@ impl Client {
     /// for this client's pending writes, whose commits would otherwise overwrite a newly
     /// set mtime or size.
     pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr, FsError> {
+        let sent = self.sh.caps.epoch();
         let attr = if set.size.is_some() {
             let old = self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?;
             if old.kind != FileKind::File {
@@ -51,7 +52,7 @@ impl Client {
             }
             self.sh.session.call_attr(MetaOp::SetAttr { ino, set }).await?
         };
-        self.sh.caps.update_attr(attr.clone());
+        self.sh.caps.update_attr(attr.clone(), sent);
         Ok(self.adjust(attr))
     }
 
@@ -148,18 +149,9 @@ impl Client {
             return removed;
         }
         let op = MetaOp::Unlink { parent, name: name.to_vec(), open: false };
-        self.after_commits().await;
         let done = self.sh.session.call_done(op).await;
         self.forget_names(&[parent], &[(parent, name)]);
         done
-    }
-
-    /// Waits until meta answered the size commits queued so far, before a call that
-    /// changes a link count: such a commit's answer, taken after the call made this
-    /// client forget the inode's attributes, would put the old count back in its cache
-    /// (caps.md invariant 15).
-    async fn after_commits(&self) {
-        self.sh.dirops.commit_log.wait_all().await;
     }
 
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
@@ -206,7 +198,6 @@ impl Client {
             new_name: new_name.to_vec(),
             flags,
         };
-        self.after_commits().await;
         let done = self.sh.session.call_done(op).await;
         let (from, to) = ((parent, name), (new_parent, new_name));
         let cached = (
@@ -233,7 +224,6 @@ impl Client {
     ) -> Result<Attr, FsError> {
         validate_name(new_name)?;
         let op = MetaOp::Link { ino, new_parent, new_name: new_name.to_vec() };
-        self.after_commits().await;
         let attr = self.sh.session.call_attr(op).await;
         self.sh.caps.forget(&[ino, new_parent], &[]);
         Ok(self.adjust(attr?))
