@@ -3,22 +3,28 @@
 //! Mutations carry the session id and a fresh, per-session increasing request id.
 //! `MetaClient` retries a call (after a lost reply, or on another replica) with the same
 //! request, so meta recognises the id and answers with the first result instead of
-//! applying the mutation twice. Reads carry request id 0.
+//! applying the mutation twice. Reads carry request id 0. Meta keeps an answer until
+//! this client says it will not send that request again ([`Numbering`]).
 //!
 //! The session lives as long as it is renewed: [`spawn_renewal`] renews it every third of
 //! its lease. If meta expired it anyway (the client was cut off for a whole lease), meta
 //! has released everything it held; the client opens a new session and carries on, and
 //! handles opened under the old one answer `EIO` (see `Client`).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 use stoa_net::{MetaClient, Pool};
-use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant};
+use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant, ANSWERS_KEPT};
 use stoa_types::{Attr, FsError, RequestId, SessionId};
 
 /// How long one meta call keeps retrying failover and elections before it gives up.
 const META_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How many request ids the oldest unanswered one moves on by before meta is told to
+/// forget the answers below it: one small log entry per this many mutations.
+const FORGET_EVERY: u64 = 512;
 
 pub(crate) struct Session {
     /// Namespace changes this client answered itself and queued for meta (`dirops`):
@@ -30,7 +36,7 @@ pub(crate) struct Session {
     meta: MetaClient,
     name: String,
     grant: RwLock<SessionGrant>,
-    next_req: AtomicU64,
+    numbering: Numbering,
     /// Held while a replacement for an expired session is being opened, so that many
     /// calls that see the expiry at once open one new session, not many.
     reopening: tokio::sync::Mutex<()>,
@@ -54,7 +60,7 @@ impl Session {
             meta,
             name,
             grant: RwLock::new(grant),
-            next_req: AtomicU64::new(1),
+            numbering: Numbering::default(),
             reopening: tokio::sync::Mutex::new(()),
         };
         // A first renewal tells where the leader is, so mutations skip a hop from now on.
@@ -91,13 +97,24 @@ impl Session {
     pub async fn call_in(&self, session: SessionId, op: MetaOp) -> Result<MetaResponse, FsError> {
         self.after_backlog(&op).await;
         let _changing = op.changes_entries().then(|| self.entry_changes.begin());
-        let req_id = if op.is_mutation() {
-            RequestId(self.next_req.fetch_add(1, Ordering::Relaxed))
-        } else {
-            RequestId(0)
+        let numbered = match op.is_mutation() {
+            true => Some(self.numbering.take().await),
+            false => None,
         };
+        let req_id = numbered.as_ref().map_or(RequestId(0), Numbered::id);
         let req = MetaRequest { session, req_id, op };
-        self.meta.call(req).await.map_err(final_error)
+        let answer = self.meta.call(req).await.map_err(final_error);
+        drop(numbered);
+        if let Some(below) = self.numbering.forget_due() {
+            let (meta, op) = (self.meta.clone(), MetaOp::ForgetAnswers { below });
+            let req = MetaRequest { session, req_id: RequestId(0), op };
+            tokio::spawn(async move {
+                if let Err(e) = meta.call(req).await {
+                    tracing::debug!("telling meta to forget answers below {}: {e}", below.0);
+                }
+            });
+        }
+        answer
     }
 
     /// Calls the leader with `op` (not a mutation) in the current session, allowing it
@@ -289,6 +306,85 @@ pub(crate) fn spawn_renewal(session: &Arc<Session>) -> tokio::task::JoinHandle<(
     })
 }
 
+/// The request ids this client numbered and has not seen answered. Meta keeps the
+/// answer to each of them for a retry until told that every id below some mark is done
+/// with (`MetaOp::ForgetAnswers`); the client never numbers a request
+/// [`ANSWERS_KEPT`] or more past its oldest unanswered one, past which meta may forget
+/// answers on its own.
+#[derive(Default)]
+struct Numbering {
+    state: Mutex<NumberingState>,
+    freed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct NumberingState {
+    /// The last id handed out (ids start at 1).
+    last: u64,
+    unanswered: BTreeSet<u64>,
+    /// The mark meta was last told to forget answers below.
+    forgotten_below: u64,
+}
+
+impl NumberingState {
+    /// Every id below this one is answered or given up.
+    fn done_below(&self) -> u64 {
+        self.unanswered.first().copied().unwrap_or(self.last + 1)
+    }
+}
+
+impl Numbering {
+    /// A new request id, once it is within [`ANSWERS_KEPT`] of the oldest unanswered.
+    async fn take(&self) -> Numbered<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut s = self.state.lock().expect("numbering lock poisoned");
+                if s.last + 1 - s.done_below() < ANSWERS_KEPT {
+                    s.last += 1;
+                    let id = s.last;
+                    s.unanswered.insert(id);
+                    return Numbered { numbering: self, id };
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// The mark to tell meta to forget answers below, when it moved on enough since the
+    /// last time.
+    fn forget_due(&self) -> Option<RequestId> {
+        let mut s = self.state.lock().expect("numbering lock poisoned");
+        let below = s.done_below();
+        if below < s.forgotten_below + FORGET_EVERY {
+            return None;
+        }
+        s.forgotten_below = below;
+        Some(RequestId(below))
+    }
+}
+
+/// A numbered request not answered yet; answered (or given up) once dropped.
+struct Numbered<'a> {
+    numbering: &'a Numbering,
+    id: u64,
+}
+
+impl Numbered<'_> {
+    fn id(&self) -> RequestId {
+        RequestId(self.id)
+    }
+}
+
+impl Drop for Numbered<'_> {
+    fn drop(&mut self) {
+        self.numbering.state.lock().expect("numbering lock poisoned").unanswered.remove(&self.id);
+        self.numbering.freed.notify_waiters();
+    }
+}
+
 /// Counts this client's calls that change directory entries at meta, so that a
 /// directory's listing fetched while one was under way is not trusted: meta may have
 /// taken the listing before the change and answered the change after, and nobody
@@ -362,7 +458,36 @@ fn op_name(op: &MetaOp) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::EntryChanges;
+    use super::{EntryChanges, Numbering, ANSWERS_KEPT, FORGET_EVERY};
+    use stoa_types::RequestId;
+
+    /// Meta forgets answers below the mark it is told, and may forget those
+    /// [`ANSWERS_KEPT`] ids behind the newest: a request still waiting for its answer
+    /// (a rename held by another mount's lease) must stay out of both.
+    #[tokio::test]
+    async fn an_unanswered_request_keeps_the_marks_and_new_numbers_behind_it() {
+        let numbering = Numbering::default();
+        let waiting = numbering.take().await;
+        assert_eq!(waiting.id(), RequestId(1));
+        for _ in 0..FORGET_EVERY * 2 {
+            drop(numbering.take().await);
+        }
+        assert_eq!(numbering.forget_due(), None, "request 1 is unanswered");
+        while numbering.state.lock().unwrap().last + 1 < ANSWERS_KEPT + 1 {
+            drop(numbering.take().await);
+        }
+        let next = numbering.take();
+        tokio::pin!(next);
+        tokio::select! {
+            biased;
+            _ = &mut next => panic!("numbered {} past unanswered request 1", ANSWERS_KEPT),
+            () = tokio::task::yield_now() => {}
+        }
+        drop(waiting);
+        assert_eq!(next.await.id(), RequestId(ANSWERS_KEPT + 1));
+        assert_eq!(numbering.forget_due(), Some(RequestId(ANSWERS_KEPT + 2)));
+        assert_eq!(numbering.forget_due(), None, "told once");
+    }
 
     #[test]
     fn a_change_under_way_at_any_time_since_the_mark_is_seen() {

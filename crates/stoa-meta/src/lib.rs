@@ -38,7 +38,7 @@ pub use ops::chains::chunk_servers;
 pub use ops::cluster::FIRST_CHUNK_SERVER_ID;
 pub use ops::readdir::READDIR_LIMIT_MAX;
 pub use ops::rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};
-pub use ops::session::{DEDUP_WINDOW, LEASE_MS};
+pub use ops::session::LEASE_MS;
 pub use ops::xattr::{XATTR_CREATE, XATTR_NAME_LEN_MAX, XATTR_REPLACE};
 pub use store::{ChunkServerRecord, ClusterInfo, FORMAT_VERSION};
 
@@ -129,6 +129,9 @@ fn apply_client(
     }
     if !ops::session::is_open(kv, req.session)? {
         return Err(FsError::SessionExpired);
+    }
+    if let &MetaOp::ForgetAnswers { below } = &req.op {
+        return ops::session::forget_answers(kv, req.session, below);
     }
     let numbered = req.session.0 != 0 && req.req_id.0 != 0;
     if numbered {

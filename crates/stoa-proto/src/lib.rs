@@ -28,7 +28,7 @@ pub use frame::{
 pub use meta::{
     cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, Commit,
     DirGrant, FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest,
-    MetaResponse, RepairProgress, SessionGrant, DEAD_INODES_MAX,
+    MetaResponse, RepairProgress, SessionGrant, ANSWERS_KEPT, DEAD_INODES_MAX,
 };
 
 use serde::{Deserialize, Serialize};

@@ -279,10 +279,24 @@ pub enum MetaOp {
     CommitWrites {
         commits: Vec<Commit>,
     },
+    /// The caller's session will never send again a request numbered below `below`:
+    /// every one of those was answered, or given up. Meta forgets their answers, which
+    /// it keeps until then so that a retry gets the first one. Sent unnumbered.
+    /// Answered with [`MetaResponse::Done`].
+    ForgetAnswers {
+        below: RequestId,
+    },
 }
 
 /// The most inodes one [`MetaOp::DeadInodes`] may ask about.
 pub const DEAD_INODES_MAX: usize = 4096;
+
+/// How far past its oldest unanswered request a session may number a new one. Meta
+/// keeps the answers of a session's last this many request ids at least (until
+/// [`MetaOp::ForgetAnswers`]), so a retry of any request a client still waits for is
+/// answered from them; a client that has numbered this many since its oldest
+/// unanswered request waits before numbering another.
+pub const ANSWERS_KEPT: u64 = 1 << 16;
 
 /// One namespace change of a [`MetaOp::Batch`]. The variant order is part of the
 /// protocol and of the Raft log on disk: append only.

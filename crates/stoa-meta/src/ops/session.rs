@@ -3,8 +3,15 @@
 //! A client opens a session and numbers its mutations. The answer to every numbered
 //! mutation (an error too) is stored under `session ++ request id`, so a retry after a
 //! lost reply gets the first answer instead of being applied twice: a retried create
-//! returns the file it made rather than `Exists`. Only the last [`DEDUP_WINDOW`] request
-//! ids of a session are kept; a client never has that many mutations in flight.
+//! returns the file it made rather than `Exists`. An answer is kept until the client
+//! says it will not retry the request ([`MetaOp::ForgetAnswers`]), or until the
+//! session has numbered [`ANSWERS_KEPT`] requests after it, which a client never does
+//! while it still waits for that answer.
+//!
+//! The first rule was only the second, with 1,024 ids: a rename that waited 6 s at the
+//! leader for another mount's lease was retried after more than 1,024 other mutations
+//! of its mount; the retry was applied again, found the name gone and answered
+//! `ENOENT` for a rename that had succeeded (a fault run's `client-fenced` scenario).
 //!
 //! A session also owns what it holds: today the files it has open (`Opens` and
 //! `Openers`), later locks and capabilities. [`end`] releases all of it, whether the
@@ -14,15 +21,14 @@
 use crate::kv::{prefix_end, KvRead, KvWrite, Table};
 use crate::store::{self, delete_prefix, ino_key, load_cluster, load_inode, take_next, Counter};
 use serde::{Deserialize, Serialize};
-use stoa_proto::{MetaResponse, SessionGrant};
+use stoa_proto::{MetaResponse, SessionGrant, ANSWERS_KEPT};
 use stoa_types::{FsError, InodeId, RequestId, SessionId, Timestamp};
 
-/// How many recent request ids of a session keep their answers.
-pub const DEDUP_WINDOW: u64 = 1024;
 /// How long a session lives without a renewal, as told to the client.
 pub const LEASE_MS: u64 = 10_000;
-/// Old answers deleted per new one at most; more than one, so that the window catches up
-/// after a jump in request ids.
+/// Old answers deleted per new one at most when a session numbered [`ANSWERS_KEPT`]
+/// requests after them; more than one, so that the window catches up after a jump in
+/// request ids.
 const TRIM_PER_INSERT: usize = 64;
 
 /// A session as stored.
@@ -180,7 +186,7 @@ pub(crate) fn remember(
     answer: &Answer,
 ) -> Result<(), FsError> {
     store::put(kv, Table::Dedup, &dedup_key(session, req_id), answer)?;
-    let Some(oldest_kept) = req_id.0.checked_sub(DEDUP_WINDOW - 1) else { return Ok(()) };
+    let Some(oldest_kept) = req_id.0.checked_sub(ANSWERS_KEPT - 1) else { return Ok(()) };
     let from = dedup_key(session, RequestId(0));
     let to = dedup_key(session, RequestId(oldest_kept));
     for (key, _) in kv.scan(Table::Dedup, &from, Some(&to), TRIM_PER_INSERT)? {
@@ -189,9 +195,24 @@ pub(crate) fn remember(
     Ok(())
 }
 
+/// Forgets the answers of `session`'s requests numbered below `below`, which its client
+/// will never send again ([`MetaOp::ForgetAnswers`]).
+pub(crate) fn forget_answers(
+    kv: &mut impl KvWrite,
+    session: SessionId,
+    below: RequestId,
+) -> Result<MetaResponse, FsError> {
+    let from = dedup_key(session, RequestId(0));
+    let to = dedup_key(session, below);
+    for (key, _) in kv.scan(Table::Dedup, &from, Some(&to), usize::MAX)? {
+        kv.delete(Table::Dedup, &key)?;
+    }
+    Ok(MetaResponse::Done)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{DEDUP_WINDOW, LEASE_MS};
+    use super::{ANSWERS_KEPT, LEASE_MS};
     use crate::kv::{KvRead, Table};
     use crate::testing::{at, create_op, Fs, CLUSTER, ROOT};
     use crate::{apply, Command};
@@ -335,26 +356,70 @@ mod tests {
         assert_eq!(fs.kv.len(Table::Sessions), 2);
     }
 
+    /// Applies `op` in `fs`'s session as request `req_id`.
+    fn numbered(fs: &mut Fs, req_id: u64, op: MetaOp) -> Result<MetaResponse, FsError> {
+        let req = MetaRequest { session: fs.session, req_id: RequestId(req_id), op };
+        let now = fs.now();
+        apply(&mut fs.kv, &Command::Client { req, now })
+    }
+
     #[test]
     fn only_a_window_of_recent_answers_is_kept() {
         let mut fs = Fs::new();
-        let total = DEDUP_WINDOW + 300;
+        let total = ANSWERS_KEPT + 300;
         for i in 0..total {
-            let op = MetaOp::GetAttr { ino: ROOT };
             // Reads in the log are not remembered; creates are.
-            let op =
-                if i % 2 == 0 { create_op(ROOT, &format!("f{i}"), FileKind::File) } else { op };
-            let req = MetaRequest { session: fs.session, req_id: RequestId(i + 1), op };
-            let now = fs.now();
-            apply(&mut fs.kv, &Command::Client { req, now }).unwrap();
+            let op = if i % 2 == 0 {
+                create_op(ROOT, &format!("f{i}"), FileKind::File)
+            } else {
+                MetaOp::GetAttr { ino: ROOT }
+            };
+            let _ = numbered(&mut fs, i + 1, op);
         }
         let kept = fs.kv.scan(Table::Dedup, &[], None, usize::MAX).unwrap();
-        assert!(kept.len() <= DEDUP_WINDOW as usize, "{} answers kept", kept.len());
+        assert!(kept.len() <= ANSWERS_KEPT as usize, "{} answers kept", kept.len());
         let oldest = u64::from_be_bytes(kept[0].0[8..].try_into().unwrap());
-        assert!(oldest > total - DEDUP_WINDOW, "answer to request {oldest} outlived the window");
+        assert!(oldest > total - ANSWERS_KEPT, "answer to request {oldest} outlived the window");
         // Other sessions' answers are untouched by this session's trimming.
         let mut other = Fs::new();
         other.create(ROOT, "x").unwrap();
         assert_eq!(other.kv.len(Table::Dedup), 1);
+    }
+
+    /// A rename waited at the leader while its mount made thousands of other changes;
+    /// its retry must still get the first answer, until the client says it is done
+    /// with it.
+    #[test]
+    fn an_answer_is_kept_until_its_client_forgets_it() {
+        let mut fs = Fs::new();
+        let first = numbered(&mut fs, 1, create_op(ROOT, "kept", FileKind::File));
+        assert!(first.is_ok(), "{first:?}");
+        for i in 2..3000 {
+            numbered(&mut fs, i, create_op(ROOT, &format!("f{i}"), FileKind::File)).unwrap();
+        }
+        let retry = numbered(&mut fs, 1, create_op(ROOT, "kept", FileKind::File));
+        assert_eq!(retry, first, "a retry after 3,000 other requests");
+        let forget = MetaOp::ForgetAnswers { below: RequestId(2000) };
+        let req = MetaRequest { session: fs.session, req_id: RequestId(0), op: forget };
+        let now = fs.now();
+        assert_eq!(apply(&mut fs.kv, &Command::Client { req, now }).unwrap(), MetaResponse::Done);
+        assert_eq!(fs.kv.len(Table::Dedup), 1000, "the answers to requests 2000 to 2999");
+        let again = numbered(&mut fs, 1, create_op(ROOT, "kept", FileKind::File));
+        assert_eq!(again, Err(FsError::Exists), "forgotten: applied again");
+        let other = other_session(&mut fs);
+        let req = MetaRequest {
+            session: other,
+            req_id: RequestId(1),
+            op: create_op(ROOT, "theirs", FileKind::File),
+        };
+        let now = fs.now();
+        apply(&mut fs.kv, &Command::Client { req, now }).unwrap();
+        let forget = MetaOp::ForgetAnswers { below: RequestId(u64::MAX) };
+        let req = MetaRequest { session: fs.session, req_id: RequestId(0), op: forget };
+        let now = fs.now();
+        apply(&mut fs.kv, &Command::Client { req, now }).unwrap();
+        let theirs = fs.kv.scan(Table::Dedup, &[], None, usize::MAX).unwrap();
+        assert_eq!(theirs.len(), 1, "another session's answers stay");
+        assert_eq!(theirs[0].0[..8], other.0.to_be_bytes());
     }
 }
