@@ -169,13 +169,57 @@ pub(crate) fn is_open(kv: &impl KvRead, session: SessionId) -> Result<bool, FsEr
 
 type Answer = Result<MetaResponse, FsError>;
 
-/// The answer already given to this request, if it was applied before.
+/// The answer already given to this request, if it was applied before; an error if it
+/// was and its answer is forgotten, so that it is never applied twice. (A request may
+/// still reach the log after its client had the answer: an attempt the client gave up
+/// on, still waiting at the leader for a recall or the grace after an election.)
 pub(crate) fn recall(
     kv: &impl KvRead,
     session: SessionId,
     req_id: RequestId,
 ) -> Result<Option<Answer>, FsError> {
-    store::get(kv, Table::Dedup, &dedup_key(session, req_id))
+    if let Some(answer) = store::get(kv, Table::Dedup, &dedup_key(session, req_id))? {
+        return Ok(Some(answer));
+    }
+    if req_id.0 < floor(kv, session)? {
+        return Ok(Some(Err(FsError::Invalid(format!(
+            "request {} of session {session} was applied and answered before (its answer \
+             is forgotten); not applied again",
+            req_id.0
+        )))));
+    }
+    Ok(None)
+}
+
+/// The session's floor: every request numbered below it was applied, or will never be.
+/// Kept in the answers table under request id 0, which no request is numbered with, as
+/// 8 bytes; absent, 0 (a store from before the floor).
+fn floor(kv: &impl KvRead, session: SessionId) -> Result<u64, FsError> {
+    match kv.get(Table::Dedup, &dedup_key(session, RequestId(0)))? {
+        None => Ok(0),
+        Some(raw) => raw.try_into().map(u64::from_be_bytes).map_err(|raw: Vec<u8>| {
+            FsError::Protocol(format!("session {session}: a floor of {} bytes", raw.len()))
+        }),
+    }
+}
+
+/// Forgets the answers of `session`'s requests numbered below `below` and raises its
+/// floor to it.
+fn forget_below(
+    kv: &mut impl KvWrite,
+    session: SessionId,
+    below: u64,
+    limit: usize,
+) -> Result<(), FsError> {
+    if below <= floor(kv, session)? {
+        return Ok(());
+    }
+    let from = dedup_key(session, RequestId(1));
+    let to = dedup_key(session, RequestId(below));
+    for (key, _) in kv.scan(Table::Dedup, &from, Some(&to), limit)? {
+        kv.delete(Table::Dedup, &key)?;
+    }
+    kv.put(Table::Dedup, &dedup_key(session, RequestId(0)), &below.to_be_bytes())
 }
 
 /// Stores the answer to a request and forgets answers that fell out of the window.
@@ -186,13 +230,10 @@ pub(crate) fn remember(
     answer: &Answer,
 ) -> Result<(), FsError> {
     store::put(kv, Table::Dedup, &dedup_key(session, req_id), answer)?;
-    let Some(oldest_kept) = req_id.0.checked_sub(ANSWERS_KEPT - 1) else { return Ok(()) };
-    let from = dedup_key(session, RequestId(0));
-    let to = dedup_key(session, RequestId(oldest_kept));
-    for (key, _) in kv.scan(Table::Dedup, &from, Some(&to), TRIM_PER_INSERT)? {
-        kv.delete(Table::Dedup, &key)?;
+    match req_id.0.checked_sub(ANSWERS_KEPT - 1) {
+        Some(oldest_kept) => forget_below(kv, session, oldest_kept, TRIM_PER_INSERT),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Forgets the answers of `session`'s requests numbered below `below`, which its client
@@ -202,11 +243,7 @@ pub(crate) fn forget_answers(
     session: SessionId,
     below: RequestId,
 ) -> Result<MetaResponse, FsError> {
-    let from = dedup_key(session, RequestId(0));
-    let to = dedup_key(session, below);
-    for (key, _) in kv.scan(Table::Dedup, &from, Some(&to), usize::MAX)? {
-        kv.delete(Table::Dedup, &key)?;
-    }
+    forget_below(kv, session, below.0, usize::MAX)?;
     Ok(MetaResponse::Done)
 }
 
@@ -377,9 +414,14 @@ mod tests {
             let _ = numbered(&mut fs, i + 1, op);
         }
         let kept = fs.kv.scan(Table::Dedup, &[], None, usize::MAX).unwrap();
+        // The first row is the session's floor (request id 0).
+        assert_eq!(kept[0].0[8..], [0; 8]);
+        let kept = &kept[1..];
         assert!(kept.len() <= ANSWERS_KEPT as usize, "{} answers kept", kept.len());
         let oldest = u64::from_be_bytes(kept[0].0[8..].try_into().unwrap());
         assert!(oldest > total - ANSWERS_KEPT, "answer to request {oldest} outlived the window");
+        let trimmed = numbered(&mut fs, 2, create_op(ROOT, "f2", FileKind::File));
+        assert!(matches!(trimmed, Err(FsError::Invalid(_))), "applied twice: {trimmed:?}");
         // Other sessions' answers are untouched by this session's trimming.
         let mut other = Fs::new();
         other.create(ROOT, "x").unwrap();
@@ -403,9 +445,13 @@ mod tests {
         let req = MetaRequest { session: fs.session, req_id: RequestId(0), op: forget };
         let now = fs.now();
         assert_eq!(apply(&mut fs.kv, &Command::Client { req, now }).unwrap(), MetaResponse::Done);
-        assert_eq!(fs.kv.len(Table::Dedup), 1000, "the answers to requests 2000 to 2999");
-        let again = numbered(&mut fs, 1, create_op(ROOT, "kept", FileKind::File));
-        assert_eq!(again, Err(FsError::Exists), "forgotten: applied again");
+        assert_eq!(fs.kv.len(Table::Dedup), 1001, "the answers to requests 2000 to 2999, a floor");
+        // An attempt the client gave up on reaches the log late: refused, not applied.
+        let unlink = MetaOp::Unlink { parent: ROOT, name: b"f5".to_vec(), open: false };
+        let late = numbered(&mut fs, 5, unlink.clone());
+        assert!(matches!(late, Err(FsError::Invalid(_))), "{late:?}");
+        assert!(fs.lookup(ROOT, "f5").is_ok(), "a forgotten request was applied again");
+        assert!(numbered(&mut fs, 3000, unlink).is_ok());
         let other = other_session(&mut fs);
         let req = MetaRequest {
             session: other,
@@ -418,8 +464,8 @@ mod tests {
         let req = MetaRequest { session: fs.session, req_id: RequestId(0), op: forget };
         let now = fs.now();
         apply(&mut fs.kv, &Command::Client { req, now }).unwrap();
-        let theirs = fs.kv.scan(Table::Dedup, &[], None, usize::MAX).unwrap();
+        let rows = fs.kv.scan(Table::Dedup, &[], None, usize::MAX).unwrap();
+        let theirs: Vec<_> = rows.iter().filter(|(k, _)| k[..8] == other.0.to_be_bytes()).collect();
         assert_eq!(theirs.len(), 1, "another session's answers stay");
-        assert_eq!(theirs[0].0[..8], other.0.to_be_bytes());
     }
 }
