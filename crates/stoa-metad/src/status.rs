@@ -44,7 +44,9 @@ impl Node {
                 ))
             })
             .await?;
-        let cluster = info.map(|i| i.cluster).or(self.cluster.get()).unwrap_or(ClusterId(0));
+        let cluster =
+            info.as_ref().map(|i| i.cluster).or(self.cluster.get()).unwrap_or(ClusterId(0));
+        let replicas = info.map_or(self.cfg.replicas, |i| i.replicas);
         let chunk_servers = records
             .into_iter()
             .map(|r| {
@@ -72,6 +74,7 @@ impl Node {
             members: self.members(view).await,
             chunk_servers,
             chains: table.chains,
+            replicas,
             table_version: table.version,
             files,
             caps: if leading { self.caps.count() } else { 0 },

@@ -43,7 +43,7 @@ use stoa_types::FsError;
 /// client's write deadline.
 /// 4: chunk mutations carry a write id and `Install`/`FetchChunk` the remembered ones;
 /// `ListChunks` answers a content digest per chunk.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

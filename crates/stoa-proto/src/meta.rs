@@ -607,6 +607,8 @@ pub struct ClusterStatus {
     pub members: Vec<MetaMemberStatus>,
     pub chunk_servers: Vec<ChunkServerStatus>,
     pub chains: Vec<Chain>,
+    /// How many servers each chain should have: the cluster's replica count.
+    pub replicas: u8,
     pub table_version: u64,
     pub files: u64,
     /// Capabilities the leader has granted and not had back (0 when no leader answered):

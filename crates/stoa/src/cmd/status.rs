@@ -90,6 +90,8 @@ pub fn to_json(s: &ClusterStatus) -> serde_json::Value {
             "rate_bytes_per_sec":
                 s.chunk_servers.iter().map(|c| c.copy_rate_bytes_per_sec).sum::<u64>(),
         },
+        "replicas": s.replicas,
+        "chains_short": chains_short(s),
         "chains": s.chains.iter().map(|c| json!({
             "id": c.id.0,
             "version": c.version,
@@ -183,7 +185,13 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-/// Resync and rebuild backlog with its rate, and what the scrubbers found.
+/// How many chains have fewer servers than the cluster's replica count.
+fn chains_short(s: &ClusterStatus) -> usize {
+    s.chains.iter().filter(|c| c.members.len() < usize::from(s.replicas)).count()
+}
+
+/// Resync and rebuild backlog with its rate, chains short of servers, and what the
+/// scrubbers found.
 fn render_repair(out: &mut String, s: &ClusterStatus) {
     use std::fmt::Write;
     let sum = |f: fn(&stoa_proto::ChunkServerStatus) -> u64| s.chunk_servers.iter().map(f).sum();
@@ -193,11 +201,62 @@ fn render_repair(out: &mut String, s: &ClusterStatus) {
     let found: u64 = sum(|c| c.repair.corrupt_found);
     let repaired: u64 = sum(|c| c.repair.corrupt_repaired);
     let _ = write!(out, "\nRepair       ");
-    if chunks == 0 {
+    let short = chains_short(s);
+    if chunks == 0 && short > 0 {
+        // Nothing is being copied, yet data has fewer copies than it should: every live
+        // chunk server is in those chains already, or the rebuild delay has not passed.
+        let _ = write!(
+            out,
+            "{short} of {} chains on fewer than {} servers, nothing to copy: waiting for a \
+             chunk server to rebuild on",
+            s.chains.len(),
+            s.replicas
+        );
+    } else if chunks == 0 {
         let _ = write!(out, "no backlog");
     } else {
         let eta = bytes.checked_div(rate).map_or(String::new(), |s| format!(", about {s} s left"));
         let _ = write!(out, "{chunks} chunks ({}) to copy at {}/s{eta}", mib(bytes), mib(rate));
     }
     let _ = writeln!(out, "; scrub found {found} damaged replicas, repaired {repaired}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{render, to_json};
+    use stoa_proto::ClusterStatus;
+    use stoa_types::{Chain, ChainId, ClusterId, NodeId};
+
+    /// Every chain lost a server and no spare one exists: nothing is queued to copy, but
+    /// the status must not say all is well.
+    #[test]
+    fn chains_short_of_servers_are_shown_even_with_nothing_to_copy() {
+        let chain = |id| Chain {
+            id: ChainId(id),
+            version: 2,
+            members: vec![NodeId(100), NodeId(101)],
+            syncing: vec![],
+        };
+        let mut s = ClusterStatus {
+            cluster: ClusterId(1),
+            answered_by: NodeId(1),
+            leader: Some(NodeId(1)),
+            term: 1,
+            quorate: true,
+            last_applied: 10,
+            members: vec![],
+            chunk_servers: vec![],
+            chains: vec![chain(0), chain(1)],
+            replicas: 3,
+            table_version: 4,
+            files: 0,
+            caps: 0,
+        };
+        let text = render(&s);
+        assert!(text.contains("2 of 2 chains on fewer than 3 servers"), "{text}");
+        assert!(!text.contains("no backlog"), "{text}");
+        assert_eq!(to_json(&s)["chains_short"], 2);
+        s.replicas = 2;
+        assert!(render(&s).contains("no backlog"));
+    }
 }
