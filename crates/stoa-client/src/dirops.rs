@@ -476,7 +476,12 @@ impl Lane {
 /// Queues namespace change `op` for meta and starts a sender if none runs; returns its
 /// backlog number.
 fn queue(sh: &Arc<Shared>, op: BatchOp, generation: Option<u64>) -> u64 {
-    enqueue(sh, Lane::Namespace, Op::Change(op), generation)
+    let entries = !matches!(op, BatchOp::Open { .. } | BatchOp::Release { .. });
+    let number = enqueue(sh, Lane::Namespace, Op::Change(op), generation);
+    if entries {
+        sh.session.backlog.note_entries_change(number);
+    }
+    number
 }
 
 /// Queues size commit `commit`, made under caps generation `generation`, after every

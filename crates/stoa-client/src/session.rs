@@ -136,7 +136,10 @@ impl Session {
     /// chain table, which a chunk read or write refetches while it holds its file's cap
     /// (a recall waits for it, and the backlog may be waiting for that recall's ack at
     /// meta: a fault run stalled 15 s so). (An inode reservation waits too: it replaces
-    /// the last one, whose numbers the queued creates use.)
+    /// the last one, whose numbers the queued creates use.) A read (a lookup, a grant)
+    /// waits only for queued changes of directory entries, not for queued opens and
+    /// releases, which change nothing it reads: a first lookup after a file's open
+    /// and close waited a whole log commit for them, one per file read on a fresh mount.
     async fn after_backlog(&self, op: &MetaOp) {
         let independent = matches!(
             op,
@@ -147,8 +150,13 @@ impl Session {
                 | MetaOp::RenewSession
                 | MetaOp::GetChainTable
         );
-        if !independent {
+        if independent {
+            return;
+        }
+        if op.is_mutation() {
             self.backlog.wait_all().await;
+        } else {
+            self.backlog.wait_entries().await;
         }
     }
 
@@ -212,6 +220,9 @@ impl Session {
 #[derive(Default)]
 pub(crate) struct Backlog {
     queued: AtomicU64,
+    /// The number of the last queued change of directory entries (a create, a removal,
+    /// a rename; not an open or a release).
+    entries: AtomicU64,
     done: AtomicU64,
     changed: tokio::sync::Notify,
     /// Calls waiting for the whole backlog: the sender gathers no more changes then.
@@ -229,6 +240,11 @@ impl Backlog {
     /// The number of the last change queued.
     pub fn queued(&self) -> u64 {
         self.queued.load(Ordering::Acquire)
+    }
+
+    /// Change `number` changes directory entries.
+    pub fn note_entries_change(&self, number: u64) {
+        self.entries.fetch_max(number, Ordering::AcqRel);
     }
 
     /// Every change up to number `upto` has its answer.
@@ -252,7 +268,16 @@ impl Backlog {
 
     /// Waits until every change queued so far has its answer.
     pub async fn wait_all(&self) {
-        let upto = self.queued.load(Ordering::Acquire);
+        self.wait_urgently(self.queued.load(Ordering::Acquire)).await;
+    }
+
+    /// Waits until every change of directory entries queued so far has its answer.
+    pub async fn wait_entries(&self) {
+        self.wait_urgently(self.entries.load(Ordering::Acquire)).await;
+    }
+
+    /// Waits until change `upto` has its answer, having the sender send at once.
+    async fn wait_urgently(&self, upto: u64) {
         if self.done.load(Ordering::Acquire) >= upto {
             return;
         }

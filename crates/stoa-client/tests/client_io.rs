@@ -434,3 +434,22 @@ async fn after_meta_expires_the_session_old_handles_fail_and_new_work_goes_on() 
         client.release(fh).await.unwrap();
     }
 }
+
+/// A lookup waits for the namespace changes queued before it, not for the opens and
+/// releases queued with them, which change nothing it reads: on a fresh mount, each
+/// file's first lookup waited a log commit for the previous file's open and release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_waits_for_no_queued_open_or_release() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"a").await;
+    client.lookup(InodeId::ROOT, b"a").await.unwrap();
+    cluster.hold_batches.store(true, Ordering::SeqCst);
+    let fh = client.open(ino).await.unwrap();
+    client.release(fh).await.unwrap();
+    let looked = client.lookup(InodeId::ROOT, b"missing");
+    let looked = tokio::time::timeout(std::time::Duration::from_secs(10), looked).await;
+    let looked = looked.expect("the lookup waited for a queued open and release");
+    assert_eq!(looked.unwrap_err(), stoa_types::FsError::NotFound);
+    cluster.hold_batches.store(false, Ordering::SeqCst);
+    wait_released(&cluster, ino).await;
+}

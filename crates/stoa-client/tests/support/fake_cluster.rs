@@ -62,6 +62,8 @@ pub struct FakeCluster {
     pub hold_commits_above: Arc<AtomicU64>,
     /// While set, chunk writes wait before they apply.
     pub hold_writes: Arc<AtomicBool>,
+    /// While set, batches of queued namespace changes wait before they apply.
+    pub hold_batches: Arc<AtomicBool>,
 }
 
 struct Handler {
@@ -72,6 +74,7 @@ struct Handler {
     full_writes: Arc<AtomicU32>,
     hold_commits_above: Arc<AtomicU64>,
     hold_writes: Arc<AtomicBool>,
+    hold_batches: Arc<AtomicBool>,
 }
 
 /// Takes one from `counter` if it is above zero; says whether it did.
@@ -109,6 +112,7 @@ impl FakeCluster {
         let full_writes = Arc::new(AtomicU32::new(0));
         let hold_commits_above = Arc::new(AtomicU64::new(u64::MAX));
         let hold_writes = Arc::new(AtomicBool::new(false));
+        let hold_batches = Arc::new(AtomicBool::new(false));
         let handler = Handler {
             addr,
             chunk_size,
@@ -117,9 +121,18 @@ impl FakeCluster {
             full_writes: full_writes.clone(),
             hold_commits_above: hold_commits_above.clone(),
             hold_writes: hold_writes.clone(),
+            hold_batches: hold_batches.clone(),
         };
         tokio::spawn(stoa_net::serve(listener, Arc::new(handler)));
-        FakeCluster { addr, state, busy_writes, full_writes, hold_commits_above, hold_writes }
+        FakeCluster {
+            addr,
+            state,
+            busy_writes,
+            full_writes,
+            hold_commits_above,
+            hold_writes,
+            hold_batches,
+        }
     }
 }
 
@@ -148,6 +161,11 @@ impl stoa_net::Handler for Handler {
                     while size > self.hold_commits_above.load(Ordering::SeqCst) {
                         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                     }
+                }
+                while matches!(m.op, MetaOp::Batch { .. })
+                    && self.hold_batches.load(Ordering::SeqCst)
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 }
                 (self.meta(m), Bytes::new())
             }
