@@ -128,6 +128,18 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
     .unwrap();
     assert_eq!(cluster.state.lock().unwrap().chunks[&alone], [5u8; 4096], "fsync waited");
 
+    eprintln!("step: a lookup waits for no queued open or release");
+    cluster.hold_batches.store(true, std::sync::atomic::Ordering::SeqCst);
+    let root = mnt.clone();
+    let looked = tokio::task::spawn_blocking(move || {
+        assert_eq!(std::fs::read(root.join("alone.bin")).unwrap(), [5u8; 4096]);
+        std::fs::metadata(root.join("never-made")).unwrap_err().kind()
+    });
+    let looked = tokio::time::timeout(Duration::from_secs(10), looked).await;
+    let looked = looked.expect("the lookup waited for the queued open and release").unwrap();
+    assert_eq!(looked, std::io::ErrorKind::NotFound);
+    cluster.hold_batches.store(false, std::sync::atomic::Ordering::SeqCst);
+
     eprintln!("step: a child's close leaves a write error to the owner's fsync");
     // Found by the fault tests: a child inherits the descriptor and closes it at exec;
     // the kernel flushes, the buffered bytes fail, and that flush must not take the
