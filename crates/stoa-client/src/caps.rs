@@ -98,6 +98,14 @@ struct Held {
     forgotten: u64,
 }
 
+impl Held {
+    /// Drops the cached attributes at forget `now` ([`Table::next_forget`]).
+    fn forget_attr(&mut self, now: u64) {
+        self.attr = None;
+        self.forgotten = now;
+    }
+}
+
 /// An inode being recalled: operations on it run uncapped and are counted.
 #[derive(Default)]
 struct Recalling {
@@ -144,6 +152,12 @@ struct Table {
 }
 
 impl Table {
+    /// Counts one more forget and returns its number, for `Held::forgotten`.
+    fn next_forget(&mut self) -> u64 {
+        self.forgets += 1;
+        self.forgets
+    }
+
     /// Drops the cap on `ino`, a file whose last name this client removed and which it
     /// does not have open: nothing here can reach it any more (no name, no handle), and
     /// the leader hears of it with the next [`send_released`] instead of having to
@@ -310,13 +324,11 @@ impl Caps {
     /// to calls sent before this are not cached after it.
     pub fn forget(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
         let mut t = self.lock();
-        t.forgets += 1;
-        let now = t.forgets;
+        let now = t.next_forget();
         for ino in inodes {
             if let Some(h) = t.held.get_mut(ino) {
-                h.attr = None;
+                h.forget_attr(now);
                 h.listing = None;
-                h.forgotten = now;
             }
         }
         for (parent, name) in names {
@@ -344,12 +356,10 @@ impl Caps {
     /// have been one of theirs without this client having looked it up.
     pub fn forget_linked(&self) {
         let mut t = self.lock();
-        t.forgets += 1;
-        let now = t.forgets;
+        let now = t.next_forget();
         for h in t.held.values_mut() {
             if h.attr.as_ref().is_some_and(|a| a.nlink > 1) {
-                h.attr = None;
-                h.forgotten = now;
+                h.forget_attr(now);
             }
         }
     }

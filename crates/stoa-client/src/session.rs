@@ -97,12 +97,12 @@ impl Session {
     pub async fn call_in(&self, session: SessionId, op: MetaOp) -> Result<MetaResponse, FsError> {
         self.after_backlog(&op).await;
         let _changing = op.changes_entries().then(|| self.entry_changes.begin());
-        let numbered = match op.is_mutation() {
-            true => Some(self.numbering.take().await),
-            false => None,
-        };
-        let req_id = numbered.as_ref().map_or(RequestId(0), Numbered::id);
-        let req = MetaRequest { session, req_id, op };
+        if !op.is_mutation() {
+            let req = MetaRequest { session, req_id: RequestId(0), op };
+            return self.meta.call(req).await.map_err(final_error);
+        }
+        let numbered = self.numbering.take().await;
+        let req = MetaRequest { session, req_id: numbered.id(), op };
         let answer = self.meta.call(req).await.map_err(final_error);
         drop(numbered);
         if let Some(below) = self.numbering.forget_due() {
