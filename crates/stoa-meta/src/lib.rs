@@ -57,7 +57,8 @@ pub enum Command {
     ChunkServerDown { node: NodeId },
     /// A chunk server is heartbeating again: let it rejoin short chains.
     ChunkServerUp { node: NodeId },
-    /// The leader deleted the chunks of a garbage inode.
+    /// The leader deleted the chunks of a garbage inode. Logs written before
+    /// `GarbageCollectedMany` hold it; a leader now proposes that instead.
     GarbageCollected { ino: InodeId },
     /// A chain has been short of replicas for longer than the rebuild delay: add `node`
     /// (live, not in the chain) as a syncing member, which copies the chain's chunks.
@@ -67,6 +68,9 @@ pub enum Command {
     ExpireSession { session: SessionId },
     /// The grace of these strays is over: release each unless someone has it open.
     PurgeStrays { inos: Vec<InodeId> },
+    /// The leader deleted the chunks of these garbage inodes: one entry per collection
+    /// round, not one per inode.
+    GarbageCollectedMany { inos: Vec<InodeId> },
 }
 
 /// Applies one committed command and returns its answer. An `Err` is an answer too
@@ -89,6 +93,12 @@ pub fn apply(kv: &mut impl KvWrite, cmd: &Command) -> Result<MetaResponse, FsErr
         Command::PurgeStrays { inos } => atomic(kv, |kv| {
             for &ino in inos {
                 ops::unlink::purge(kv, ino)?;
+            }
+            Ok(MetaResponse::Done)
+        }),
+        Command::GarbageCollectedMany { inos } => atomic(kv, |kv| {
+            for &ino in inos {
+                ops::unlink::collected(kv, ino)?;
             }
             Ok(MetaResponse::Done)
         }),

@@ -6,7 +6,7 @@
 //!   server that reported itself full is taken out when it reports, and is not added
 //!   back until it has space again), and
 //!   `RebuildChain` for chains short of replicas for longer than the rebuild delay;
-//! - delete the chunks of garbage inodes and then propose `GarbageCollected`;
+//! - delete the chunks of garbage inodes and then propose `GarbageCollectedMany`;
 //! - purge strays whose grace is over (`PurgeStrays`);
 //! - expire client sessions that stopped renewing (`ExpireSession`).
 
@@ -27,14 +27,16 @@ use tokio::task::JoinSet;
 
 const LIVENESS_PERIOD: Duration = Duration::from_millis(250);
 const GC_PERIOD: Duration = Duration::from_millis(500);
-/// Garbage inodes handled per round.
-const GC_BATCH: usize = 100;
+/// Garbage inodes handled per round, all committed in one log entry: after a large
+/// `rm -rf`, one entry per inode was a log commit per file, which ran for seconds after
+/// the removal had returned and slowed the reads and writes meanwhile.
+const GC_BATCH: usize = 1000;
 /// How long a stray is kept after its unlink (stoa-meta `ops/unlink.rs`): far longer
 /// than a kernel takes from resolving a name to opening the inode.
 const STRAY_GRACE: Duration = Duration::from_secs(2);
 /// Rows of the strays table looked at per round.
 const STRAY_BATCH: usize = 1000;
-/// Chunk deletions in flight at once for one inode.
+/// Chunk deletions in flight at once, over all the inodes of a round.
 const GC_PARALLEL: usize = 16;
 const CHUNK_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -277,19 +279,15 @@ async fn collect_once(node: &Node) -> Result<(), FsError> {
         })
         .await?;
     let Some(info) = info else { return Ok(()) };
-    if !items.is_empty() {
-        let inos: Vec<InodeId> = items.iter().map(|(ino, _)| *ino).collect();
-        caps::recall_all(node, &inos).await?;
+    if items.is_empty() {
+        return Ok(());
     }
-    for (ino, size) in items {
-        match delete_chunks(node, &table, ino, size, info.chunk_size_bytes).await {
-            Ok(()) => {
-                node.raft.propose(Command::GarbageCollected { ino }).await?;
-            }
-            Err(e) => {
-                tracing::debug!("deleting the chunks of inode {ino} failed ({e}); will retry")
-            }
-        }
+    let inos: Vec<InodeId> = items.iter().map(|(ino, _)| *ino).collect();
+    caps::recall_all(node, &inos).await?;
+    let failed = delete_chunks(node, &table, &items, info.chunk_size_bytes).await?;
+    let inos: Vec<InodeId> = inos.into_iter().filter(|ino| !failed.contains(ino)).collect();
+    if !inos.is_empty() {
+        node.raft.propose(Command::GarbageCollectedMany { inos }).await?;
     }
     Ok(())
 }
@@ -319,51 +317,78 @@ fn chunk_count(size: u64, chunk_size_bytes: u32) -> u64 {
     size.div_ceil(u64::from(chunk_size_bytes.max(1)))
 }
 
-/// Truncates every chunk of `ino` to nothing at the head of its chain, which replicates
-/// the deletion down the chain. The tombstones this leaves, and chunks beyond `size`
-/// (cut off by a truncate before the deletion), go in the chunk servers' dead-inode
-/// sweep once `GarbageCollected` has applied (stoa-chunk `server/sweep.rs`).
+/// Truncates every chunk of each garbage inode (`(ino, size)`) to nothing at the head of
+/// its chain, which replicates the deletion down the chain, and returns the inodes some
+/// chunk of which is left (they stay garbage for the next round). The tombstones this
+/// leaves, and chunks beyond `size` (cut off by a truncate before the deletion), go in
+/// the chunk servers' dead-inode sweep once the collection has applied (stoa-chunk
+/// `server/sweep.rs`).
 async fn delete_chunks(
     node: &Node,
     table: &ChainTable,
-    ino: InodeId,
-    size: u64,
+    items: &[(InodeId, u64)],
     chunk_size_bytes: u32,
-) -> Result<(), FsError> {
+) -> Result<BTreeSet<InodeId>, FsError> {
+    let mut failed = BTreeSet::new();
     let mut calls = JoinSet::new();
-    for index in 0..chunk_count(size, chunk_size_bytes) {
-        if calls.len() >= GC_PARALLEL {
-            calls.join_next().await.expect("set is not empty").map_err(join_err)??;
+    let mut note = |(ino, result): (InodeId, Result<(), FsError>)| {
+        if let Err(e) = result {
+            tracing::debug!("deleting the chunks of inode {ino} failed ({e}); will retry");
+            failed.insert(ino);
         }
-        let chunk = ChunkId { ino, index };
-        let chain = table
-            .chain_for(chunk)
-            .ok_or_else(|| FsError::Unavailable("no chains to delete chunks from".into()))?;
-        let head =
-            chain.members.first().copied().ok_or_else(|| {
-                FsError::Unavailable(format!("chain {} has no members", chain.id))
-            })?;
-        let addr = table
-            .addr(head)
-            .ok_or_else(|| FsError::Unavailable(format!("chunk server {head} has no address")))?;
-        let req = Request::Chunk(ChunkRequest {
-            chain: chain.id,
-            chain_version: chain.version,
-            op: ChunkOp::Truncate { chunk, len: 0, version: None, id: None },
-            deadline_ms: 0,
-        });
-        let pool = node.pool.clone();
-        calls.spawn(async move {
-            match pool.call(addr, &req, Bytes::new(), CHUNK_CALL_TIMEOUT).await {
-                Ok(_) | Err(FsError::NotFound) => Ok(()),
-                Err(e) => Err(e),
+    };
+    for &(ino, size) in items {
+        for index in 0..chunk_count(size, chunk_size_bytes) {
+            if calls.len() >= GC_PARALLEL {
+                note(calls.join_next().await.expect("set is not empty").map_err(join_err)?);
             }
-        });
+            let (addr, req) = match truncate_at_head(table, ChunkId { ino, index }) {
+                Ok(call) => call,
+                Err(e) => {
+                    note((ino, Err(e)));
+                    break;
+                }
+            };
+            let pool = node.pool.clone();
+            calls.spawn(async move {
+                let result = match pool.call(addr, &req, Bytes::new(), CHUNK_CALL_TIMEOUT).await {
+                    Ok(_) | Err(FsError::NotFound) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                (ino, result)
+            });
+        }
     }
-    while let Some(result) = calls.join_next().await {
-        result.map_err(join_err)??;
+    while let Some(done) = calls.join_next().await {
+        note(done.map_err(join_err)?);
     }
-    Ok(())
+    Ok(failed)
+}
+
+/// Where to send the deletion of `chunk`, and the request: a truncation to nothing at
+/// the head of its chain.
+fn truncate_at_head(
+    table: &ChainTable,
+    chunk: ChunkId,
+) -> Result<(std::net::SocketAddr, Request), FsError> {
+    let chain = table
+        .chain_for(chunk)
+        .ok_or_else(|| FsError::Unavailable("no chains to delete chunks from".into()))?;
+    let head = chain
+        .members
+        .first()
+        .copied()
+        .ok_or_else(|| FsError::Unavailable(format!("chain {} has no members", chain.id)))?;
+    let addr = table
+        .addr(head)
+        .ok_or_else(|| FsError::Unavailable(format!("chunk server {head} has no address")))?;
+    let req = Request::Chunk(ChunkRequest {
+        chain: chain.id,
+        chain_version: chain.version,
+        op: ChunkOp::Truncate { chunk, len: 0, version: None, id: None },
+        deadline_ms: 0,
+    });
+    Ok((addr, req))
 }
 
 fn join_err(e: tokio::task::JoinError) -> FsError {

@@ -180,6 +180,26 @@ mod tests {
     }
 
     #[test]
+    fn one_entry_collects_the_garbage_of_many_files() {
+        let mut fs = Fs::new();
+        let mut inos = Vec::new();
+        for name in ["a", "b", "c"] {
+            let ino = fs.create(ROOT, name).unwrap().ino;
+            set_size(&mut fs, ino, 10);
+            fs.unlink(ROOT, name, false).unwrap();
+            inos.push(ino);
+        }
+        fs.purge_strays();
+        assert_eq!(garbage(&fs.kv, 10).unwrap().len(), 3);
+        let collect = Command::GarbageCollectedMany { inos: inos[..2].to_vec() };
+        apply(&mut fs.kv, &collect).unwrap();
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(inos[2], 10)]);
+        // A repeated entry (a retried proposal) changes nothing.
+        apply(&mut fs.kv, &collect).unwrap();
+        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(inos[2], 10)]);
+    }
+
+    #[test]
     fn an_open_file_stays_as_an_orphan_until_purged() {
         let mut fs = Fs::new();
         let a = fs.create(ROOT, "a").unwrap();

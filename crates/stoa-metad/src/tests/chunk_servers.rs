@@ -8,15 +8,22 @@ use stoa_net::Handler;
 use stoa_proto::{ChunkOp, ChunkRequest, ChunkResponse, Reply, Request, Response};
 use stoa_types::{ChainTable, ChunkId};
 
-/// A chunk server that records the chunks it is told to truncate.
+/// A chunk server that records the chunks it is told to truncate, and fails the
+/// truncations of the chunks of the inode in `refused`.
 #[derive(Default)]
 struct FakeChunkServer {
     truncated: Mutex<Vec<(ChunkId, u32)>>,
+    refused: Mutex<Option<InodeId>>,
 }
 
 impl Handler for FakeChunkServer {
     async fn handle(&self, req: Request, _: Bytes, _: SocketAddr) -> (Reply, Bytes) {
         let reply = match req {
+            Request::Chunk(ChunkRequest { op: ChunkOp::Truncate { chunk, .. }, .. })
+                if *self.refused.lock().unwrap() == Some(chunk.ino) =>
+            {
+                Err(FsError::Io("disk on fire".into()))
+            }
             Request::Chunk(ChunkRequest { op: ChunkOp::Truncate { chunk, len, .. }, .. }) => {
                 self.truncated.lock().unwrap().push((chunk, len));
                 Ok(Response::Chunk(ChunkResponse::Written { version: 1 }))
@@ -155,7 +162,7 @@ async fn a_silent_chunk_server_leaves_its_chains_and_rejoins_when_it_returns() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chunks_of_a_deleted_file_are_deleted_and_the_garbage_entry_dropped() {
+async fn the_chunks_of_deleted_files_are_deleted_and_their_garbage_entries_dropped() {
     let cluster = Cluster::start(1, test_tuning()).await;
     cluster.leader().await;
     let client = cluster.client(0);
@@ -163,37 +170,64 @@ async fn the_chunks_of_a_deleted_file_are_deleted_and_the_garbage_entry_dropped(
     let node = register(&client, addr).await;
     let beating = keep_beating(client.clone(), vec![node]);
     let session = open_session(&client).await;
-    let ino = create(&client, session, 1, "big").await;
-    let size = 3 * 64 * 1024 + 1;
-    let commit =
-        MetaRequest { session, req_id: RequestId(2), op: MetaOp::CommitWrite { ino, size } };
-    client.call(commit).await.unwrap();
-    let unlink = MetaRequest {
-        session,
-        req_id: RequestId(3),
-        op: MetaOp::Unlink { parent: InodeId::ROOT, name: b"big".to_vec(), open: false },
-    };
-    client.call(unlink).await.unwrap();
-
-    let server = cluster.server(0);
-    // Kept a while as a stray (stoa-meta `ops/unlink.rs`), then garbage, then gone.
-    eventually(10, "the garbage entry is dropped", || async {
-        let (gone, left) = server
-            .node
-            .raft
-            .read(move |kv| {
-                let gone = stoa_meta::read(kv, &MetaOp::GetAttr { ino }).is_err();
-                Ok((gone, stoa_meta::garbage(kv, 10)?))
-            })
+    // Sizes of 4 chunks, 1 chunk, none, and 2 chunks (64 KiB chunks in tests).
+    let sizes = [3 * 64 * 1024 + 1, 10, 0, 64 * 1024 + 1];
+    let mut inos = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let req_id = 10 * i as u64;
+        let ino = create(&client, session, req_id + 1, &format!("f{i}")).await;
+        let commit = MetaOp::CommitWrite { ino, size };
+        client
+            .call(MetaRequest { session, req_id: RequestId(req_id + 2), op: commit })
             .await
             .unwrap();
-        gone && left.is_empty()
+        inos.push(ino);
+    }
+    // The last file's chunk server fails its deletions until told otherwise.
+    *fake.refused.lock().unwrap() = Some(inos[3]);
+    for (i, _) in sizes.iter().enumerate() {
+        let unlink = MetaOp::Unlink {
+            parent: InodeId::ROOT,
+            name: format!("f{i}").into_bytes(),
+            open: false,
+        };
+        let req_id = RequestId(10 * i as u64 + 3);
+        client.call(MetaRequest { session, req_id, op: unlink }).await.unwrap();
+    }
+
+    let server = cluster.server(0);
+    let garbage =
+        || async { server.node.raft.read(move |kv| stoa_meta::garbage(kv, 10)).await.unwrap() };
+    // Kept a while as strays (stoa-meta `ops/unlink.rs`), then garbage, then gone: all
+    // but the file whose deletion fails, which stays garbage.
+    eventually(10, "the garbage entries of the deleted files are dropped", || async {
+        garbage().await.iter().map(|(ino, _)| *ino).collect::<Vec<_>>() == vec![inos[3]]
     })
     .await;
-    let mut truncated = fake.truncated.lock().unwrap().clone();
-    truncated.sort();
-    truncated.dedup();
-    let want: Vec<_> = (0..4).map(|index| (ChunkId { ino, index }, 0)).collect();
-    assert_eq!(truncated, want);
+    let truncated = || {
+        let mut truncated = fake.truncated.lock().unwrap().clone();
+        truncated.sort();
+        truncated.dedup();
+        truncated
+    };
+    let chunks = |ino, n| (0..n).map(move |index| (ChunkId { ino, index }, 0));
+    let want: Vec<_> = chunks(inos[0], 4).chain(chunks(inos[1], 1)).collect();
+    assert_eq!(truncated(), want);
+
+    // Once the chunk server deletes again, so does the next round.
+    *fake.refused.lock().unwrap() = None;
+    eventually(10, "the last garbage entry is dropped", || async { garbage().await.is_empty() })
+        .await;
+    let want: Vec<_> = want.into_iter().chain(chunks(inos[3], 2)).collect();
+    assert_eq!(truncated(), want);
+    for ino in inos {
+        let gone = server
+            .node
+            .raft
+            .read(move |kv| Ok(stoa_meta::read(kv, &MetaOp::GetAttr { ino }).is_err()))
+            .await
+            .unwrap();
+        assert!(gone, "inode {ino} is still there");
+    }
     beating.abort();
 }
