@@ -8,6 +8,7 @@ use crate::file::{ErrorCursor, FileState, MetaOpen};
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -340,7 +341,7 @@ impl Client {
 
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file. Needs
     /// a shared cap, so that another client's buffered writes landed first.
-    pub async fn read(&self, fh: FileHandle, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
+    pub async fn read(&self, fh: FileHandle, offset: u64, len: u32) -> Result<Bytes, FsError> {
         let handle = self.sh.handle(fh)?;
         if handle.page_cached.load(Ordering::Acquire) {
             handle.file.note_kernel_pages();

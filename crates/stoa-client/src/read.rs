@@ -87,11 +87,11 @@ impl FileState {
         len: u32,
         ahead: std::ops::Range<u64>,
         capped: bool,
-    ) -> Result<Vec<u8>, FsError> {
+    ) -> Result<Bytes, FsError> {
         let _io = self.io_lock.read().await;
         let size = self.size_for_read(sh, offset + u64::from(len), capped).await?;
         if offset >= size {
-            return Ok(Vec::new());
+            return Ok(Bytes::new());
         }
         let end = (offset + u64::from(len)).min(size);
         let dirty = {
@@ -100,16 +100,29 @@ impl FileState {
             dirty.then(|| inner.dirty_within(offset, end - offset, sh.chunk_size))
         };
         self.prefetch(sh, ahead, size);
-        let mut out = vec![0u8; (end - offset) as usize];
+        let mut pieces = Vec::new();
         for piece in split(offset, end - offset, sh.chunk_size) {
-            let data = self.read_piece(sh, piece).await?;
-            let n = data.len().min(piece.len as usize);
-            out[piece.pos..piece.pos + n].copy_from_slice(&data[..n]);
+            pieces.push((piece, self.read_piece(sh, piece).await?));
         }
-        for (pos, bytes) in dirty.into_iter().flatten() {
+        let dirty = dirty.unwrap_or_default();
+        // One chunk's bytes, whole and with nothing of this client's over them: answered
+        // as they came (most reads of a sequential reader), without a copy.
+        if let [(piece, data)] = &pieces[..] {
+            if dirty.is_empty() && data.len() >= piece.len as usize {
+                return Ok(data.slice(..piece.len as usize));
+            }
+        }
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for (piece, data) in pieces {
+            let n = data.len().min(piece.len as usize);
+            out.extend_from_slice(&data[..n]);
+            // Past what the chunk holds is a hole: zeros.
+            out.resize(piece.pos + piece.len as usize, 0);
+        }
+        for (pos, bytes) in dirty {
             out[pos..pos + bytes.len()].copy_from_slice(&bytes);
         }
-        Ok(out)
+        Ok(out.into())
     }
 
     /// The file size, asking meta when this client knows none, or when the read reaches
