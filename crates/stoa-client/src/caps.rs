@@ -87,6 +87,11 @@ struct Held {
     /// does dropping the cap invalidate the names in the kernel, which waits for the
     /// directory's lock.
     kernel_names: bool,
+    /// Whether the kernel may cache, past this moment, that a name is not in this
+    /// directory: a name missing from `listing` was handed to it with a TTL
+    /// ([`Caps::missing_ttl`]). Such names are not kept: dropping the cap or the listing
+    /// expires every name the kernel holds instead (caps.md invariant 31).
+    kernel_missing: bool,
     /// Every entry of this directory, under an exclusive cap taken with its listing
     /// (`dirops`): lookups and listings are answered from it and changes are made in it.
     listing: Option<HashMap<Vec<u8>, (InodeId, FileKind)>>,
@@ -292,6 +297,31 @@ impl Caps {
         }
     }
 
+    /// The kernel TTL for the absence of `name` from directory `dir`: zero unless this
+    /// client holds `dir` with its listing, the listing lacks the name, and the kernel
+    /// can expire every cached name at once (the only way these are dropped). The caller
+    /// holds a pin on `dir` until the kernel has the answer.
+    pub fn missing_ttl(&self, dir: InodeId, name: &[u8]) -> Duration {
+        if !self.kernel.get().is_some_and(|k| k.can_expire_all_names()) {
+            return Duration::ZERO;
+        }
+        let mut t = self.lock();
+        let Some(left) = Caps::remaining(&t) else { return Duration::ZERO };
+        if t.busy.get(&dir).is_some_and(|until| *until > Instant::now()) {
+            return Duration::ZERO;
+        }
+        match Caps::usable(&mut t, dir) {
+            Some(h)
+                if h.mode == CapMode::Exclusive
+                    && h.listing.as_ref().is_some_and(|l| !l.contains_key(name)) =>
+            {
+                h.kernel_missing = true;
+                left.min(KERNEL_TTL_MAX)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
     /// The cached attributes of `ino` and their kernel TTL, under a usable cap.
     pub fn cached_attr(&self, ino: InodeId) -> Option<(Attr, Duration)> {
         let mut t = self.lock();
@@ -325,15 +355,27 @@ impl Caps {
     pub fn forget(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
         let mut t = self.lock();
         let now = t.next_forget();
+        let mut missing = false;
         for ino in inodes {
             if let Some(h) = t.held.get_mut(ino) {
                 h.forget_attr(now);
                 h.listing = None;
+                missing |= std::mem::take(&mut h.kernel_missing);
             }
         }
         for (parent, name) in names {
             if let Some(h) = t.held.get_mut(parent) {
                 h.names.remove(*name);
+            }
+        }
+        drop(t);
+        // The kernel may hold absences the listing answered, and the listing may have
+        // been wrong (a change of this client's that meta refused).
+        if missing {
+            if let Some(kernel) = self.kernel() {
+                if !kernel.expire_all_names() {
+                    tracing::warn!("could not expire the kernel's names after dropping a listing");
+                }
             }
         }
     }
@@ -905,6 +947,17 @@ impl Client {
         }
     }
 
+    /// After a lookup of `name` in `parent` found nothing: how long the kernel may
+    /// remember that (with a pin to hold until it has the answer), when this client
+    /// holds `parent` with a listing that lacks the name. `None`: the kernel must ask
+    /// again next time.
+    pub async fn missing_entry(&self, parent: InodeId, name: &[u8]) -> Option<(Duration, Pinned)> {
+        self.sh.caps.listed(parent, name)?;
+        let pin = self.pin(&[parent]).await;
+        let ttl = self.sh.caps.missing_ttl(parent, name);
+        (!ttl.is_zero()).then_some((ttl, pin))
+    }
+
     /// Waits until an operation on `ino` may go ahead with `mode`, getting the cap from
     /// the leader when needed.
     pub(crate) async fn access(&self, ino: InodeId, mode: CapMode) -> Result<Access, FsError> {
@@ -1108,7 +1161,14 @@ async fn invalidate_kernel(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
 fn drop_from_kernel(kernel: &dyn KernelCache, dropped: Vec<(InodeId, Held)>) {
     // Names handed out with no TTL are not cached: the kernel asks again.
     let names = dropped.iter().any(|(_, held)| held.kernel_names && !held.names.is_empty());
-    let one_by_one = names && !kernel.expire_all_names();
+    // Absences were handed out only where the kernel expires all names at once.
+    let missing = dropped.iter().any(|(_, held)| held.kernel_missing);
+    let one_by_one = (names || missing) && !kernel.expire_all_names();
+    if one_by_one && missing {
+        tracing::warn!(
+            "could not expire the kernel's names: absences it cached stay until their TTL"
+        );
+    }
     for (ino, held) in dropped {
         if one_by_one && held.kernel_names {
             for name in held.names.keys() {
@@ -1171,6 +1231,7 @@ fn empty_held() -> Held {
         attr: None,
         names: HashMap::new(),
         kernel_names: false,
+        kernel_missing: false,
         listing: None,
         used: 0,
         forgotten: 0,

@@ -71,6 +71,29 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a lookup's answer that no such name exists: node 0, which the
+/// kernel caches as a negative entry for the TTL it comes with.
+pub fn missing_attr() -> FileAttr {
+    let never = UNIX_EPOCH;
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: never,
+        mtime: never,
+        ctime: never,
+        crtime: never,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: BLOCK_SIZE_BYTES,
+        flags: 0,
+    }
+}
+
 pub fn errno(e: &FsError) -> fuser::Errno {
     fuser::Errno::from_i32(e.errno())
 }

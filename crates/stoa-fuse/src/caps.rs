@@ -25,11 +25,14 @@ pub struct Notify {
     dev: OwnedFd,
     /// Cleared when the kernel refused `FUSE_NOTIFY_INC_EPOCH`.
     epochs: AtomicBool,
+    /// Set once the kernel was asked for `FUSE_NOTIFY_INC_EPOCH`: until then, whether it
+    /// takes it is not known.
+    probed: AtomicBool,
 }
 
 impl Notify {
     pub fn new(kernel: Kernel, dev: OwnedFd) -> Notify {
-        Notify { kernel, dev, epochs: AtomicBool::new(true) }
+        Notify { kernel, dev, epochs: AtomicBool::new(true), probed: AtomicBool::new(false) }
     }
 
     fn inc_epoch(&self) -> std::io::Result<()> {
@@ -49,6 +52,7 @@ impl Notify {
 
 impl KernelCache for Notify {
     fn expire_all_names(&self) -> bool {
+        self.probed.store(true, Ordering::Relaxed);
         if !self.epochs.load(Ordering::Relaxed) {
             return false;
         }
@@ -70,6 +74,11 @@ impl KernelCache for Notify {
     }
 
     fn can_expire_all_names(&self) -> bool {
+        // The first answer is the kernel's, not a guess: an absence is cached only where
+        // a recall can expire it. Expiring every name once costs a lookup of each.
+        if !self.probed.load(Ordering::Relaxed) {
+            self.expire_all_names();
+        }
         self.epochs.load(Ordering::Relaxed)
     }
 

@@ -3,7 +3,7 @@
 //! runtime, so many requests are in flight at once while fuser's threads go back to
 //! reading the device.
 
-use crate::attr::{errno, file_attr, set_time, BLOCK_SIZE_BYTES};
+use crate::attr::{errno, file_attr, missing_attr, set_time, BLOCK_SIZE_BYTES};
 use crate::dirs::DirStream;
 use crate::locks::LockBook;
 use crate::names::KernelNames;
@@ -328,12 +328,19 @@ impl Filesystem for StoaFs {
                         reply.error(Errno::ESTALE);
                     }
                 },
-                Err(e) => {
-                    if matches!(e, FsError::NotFound) {
-                        names.removed(parent.0, &name);
+                Err(FsError::NotFound) => {
+                    names.removed(parent.0, &name);
+                    // Under the directory's listing the kernel may remember the absence,
+                    // and an open(O_CREAT) then needs no lookup first.
+                    match c.missing_entry(ino(parent), &name).await {
+                        Some((ttl, pin)) => {
+                            reply.entry(&ttl, &missing_attr(), Generation(0));
+                            drop(pin);
+                        }
+                        None => reply.error(Errno::ENOENT),
                     }
-                    reply.error(fail("lookup", &e));
                 }
+                Err(e) => reply.error(fail("lookup", &e)),
             }
         });
     }

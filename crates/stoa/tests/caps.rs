@@ -101,6 +101,43 @@ fn a_change_on_one_mount_is_seen_at_once_on_the_other() {
     }
 }
 
+/// A mount that holds a directory with its listing lets its kernel remember that a
+/// name is not there (caps.md invariant 31); the other mount making that name recalls
+/// the directory, which expires what the kernel remembered.
+#[test]
+fn a_name_one_mount_found_missing_is_seen_there_once_the_other_mount_makes_it() {
+    const ROUNDS: usize = 20;
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let dirs: Vec<_> = (0..ROUNDS)
+        .map(|i| (dev.mnt.join(format!("d{i}")), other.path.join(format!("d{i}"))))
+        .collect();
+    // B makes the directories and A finds them: in the rounds nobody changes the root,
+    // whose recall would make A's kernel forget every name anyway.
+    for (a, b) in &dirs {
+        std::fs::create_dir(b).unwrap();
+        assert!(a.is_dir());
+    }
+    for (i, (a, b)) in dirs.iter().enumerate() {
+        // A change on A takes the directory to A with its listing; its name goes again,
+        // so A's kernel holds no name in it whose recall would expire every name.
+        std::fs::write(a.join("x"), b"x").unwrap();
+        std::fs::remove_file(a.join("x")).unwrap();
+        for _ in 0..2 {
+            assert!(std::fs::metadata(a.join("file")).is_err(), "round {i}");
+            assert!(std::fs::metadata(a.join("dir")).is_err(), "round {i}");
+        }
+        std::fs::write(b.join("file"), b"from b").unwrap();
+        std::fs::create_dir(b.join("dir")).unwrap();
+        let seen = std::fs::read(a.join("file"));
+        assert_eq!(seen.ok().as_deref(), Some(&b"from b"[..]), "A missed d{i}/file");
+        assert!(std::fs::metadata(a.join("dir")).is_ok_and(|m| m.is_dir()), "A missed d{i}/dir");
+        let mut exclusive = std::fs::OpenOptions::new();
+        let made = exclusive.write(true).create_new(true).open(a.join("file"));
+        assert_eq!(made.unwrap_err().kind(), std::io::ErrorKind::AlreadyExists, "round {i}");
+    }
+}
+
 /// Appends `n` records of exactly 64 bytes to FILE with O_APPEND, one write each,
 /// opening the file once.
 const APPENDER: &str = r#"
