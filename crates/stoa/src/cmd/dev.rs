@@ -26,7 +26,7 @@ use tokio::sync::watch;
 #[derive(clap::Args)]
 pub struct Args {
     /// Where every node keeps its data, logs and the cluster file.
-    #[arg(long, default_value = "/var/lib/stoa-dev")]
+    #[arg(long, default_value = super::DEV_DIR)]
     dir: PathBuf,
     /// Where to mount the filesystem.
     #[arg(long, default_value = "/mnt/stoa")]
