@@ -7,7 +7,9 @@ use crate::raft::{RaftView, Role};
 use crate::service::Node;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
-use stoa_proto::{ChunkServerStatus, ClusterStatus, MetaMemberStatus, MetaRequest, MetaResponse};
+use stoa_proto::{
+    ChunkServerStatus, ClusterStatus, MetaMemberStatus, MetaRequest, MetaResponse, GARBAGE_COUNTED,
+};
 use stoa_types::{ClusterId, FsError};
 
 /// How long a non-leader waits for a peer to accept a connection before calling it down.
@@ -33,7 +35,7 @@ impl Node {
         } else {
             view.leader.is_some() && self.raft.hears_leader()
         };
-        let (info, table, records, files) = self
+        let (info, table, records, files, garbage) = self
             .raft
             .read(|kv| {
                 Ok((
@@ -41,6 +43,7 @@ impl Node {
                     stoa_meta::chain_table(kv)?,
                     stoa_meta::chunk_servers(kv)?,
                     stoa_meta::file_count(kv)?,
+                    stoa_meta::garbage(kv, GARBAGE_COUNTED)?.len() as u64,
                 ))
             })
             .await?;
@@ -78,6 +81,7 @@ impl Node {
             table_version: table.version,
             files,
             caps: if leading { self.caps.count() } else { 0 },
+            garbage,
         })
     }
 

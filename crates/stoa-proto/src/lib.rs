@@ -28,7 +28,7 @@ pub use frame::{
 pub use meta::{
     cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, Commit,
     DirGrant, FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest,
-    MetaResponse, RepairProgress, SessionGrant, ANSWERS_KEPT, DEAD_INODES_MAX,
+    MetaResponse, RepairProgress, SessionGrant, ANSWERS_KEPT, DEAD_INODES_MAX, GARBAGE_COUNTED,
 };
 
 use serde::{Deserialize, Serialize};
@@ -43,7 +43,9 @@ use stoa_types::FsError;
 /// client's write deadline.
 /// 4: chunk mutations carry a write id and `Install`/`FetchChunk` the remembered ones;
 /// `ListChunks` answers a content digest per chunk.
-pub const PROTOCOL_VERSION: u8 = 5;
+/// 5: the status answer carries the replica count.
+/// 6: the status answer carries the count of deleted files whose chunks are not freed yet.
+pub const PROTOCOL_VERSION: u8 = 6;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -614,4 +614,10 @@ pub struct ClusterStatus {
     /// Capabilities the leader has granted and not had back (0 when no leader answered):
     /// every client keeps at most its `caps_max`, so this stays bounded.
     pub caps: u64,
+    /// Deleted files whose chunks the leader has not freed yet, counted up to
+    /// [`GARBAGE_COUNTED`] (at that figure: at least that many).
+    pub garbage: u64,
 }
+
+/// How far a status answer counts the files waiting for their chunks to be freed.
+pub const GARBAGE_COUNTED: usize = 10_000;

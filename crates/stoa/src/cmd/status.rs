@@ -7,7 +7,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 use stoa_net::{MetaClient, Pool};
-use stoa_proto::{ClusterStatus, MetaOp, MetaRequest, MetaResponse};
+use stoa_proto::{ClusterStatus, MetaOp, MetaRequest, MetaResponse, GARBAGE_COUNTED};
 use stoa_types::{RequestId, SessionId};
 
 #[derive(clap::Args)]
@@ -101,6 +101,7 @@ pub fn to_json(s: &ClusterStatus) -> serde_json::Value {
         "table_version": s.table_version,
         "files": s.files,
         "caps": s.caps,
+        "garbage": s.garbage,
     })
 }
 
@@ -132,7 +133,12 @@ pub fn render(s: &ClusterStatus) -> String {
         s.term,
         s.last_applied
     );
-    let _ = writeln!(out, "Files        {}   (caps granted: {})\n", s.files, s.caps);
+    let _ = writeln!(out, "Files        {}   (caps granted: {})", s.files, s.caps);
+    if s.garbage > 0 {
+        let at_least = if s.garbage >= GARBAGE_COUNTED as u64 { "at least " } else { "" };
+        let _ = writeln!(out, "Deleting     {at_least}{} deleted files' chunks to free", s.garbage);
+    }
+    let _ = writeln!(out);
     let _ = writeln!(out, "Meta replicas");
     let _ = writeln!(out, "  {:<4} {:<22} {:<8} {:<4} LOG", "ID", "ADDRESS", "ROLE", "UP");
     for m in &s.members {
@@ -224,20 +230,18 @@ fn render_repair(out: &mut String, s: &ClusterStatus) {
 #[cfg(test)]
 mod tests {
     use super::{render, to_json};
-    use stoa_proto::ClusterStatus;
+    use stoa_proto::{ClusterStatus, GARBAGE_COUNTED};
     use stoa_types::{Chain, ChainId, ClusterId, NodeId};
 
-    /// Every chain lost a server and no spare one exists: nothing is queued to copy, but
-    /// the status must not say all is well.
-    #[test]
-    fn chains_short_of_servers_are_shown_even_with_nothing_to_copy() {
+    /// A status with two chains on servers 100 and 101.
+    fn status(replicas: u8) -> ClusterStatus {
         let chain = |id| Chain {
             id: ChainId(id),
             version: 2,
             members: vec![NodeId(100), NodeId(101)],
             syncing: vec![],
         };
-        let mut s = ClusterStatus {
+        ClusterStatus {
             cluster: ClusterId(1),
             answered_by: NodeId(1),
             leader: Some(NodeId(1)),
@@ -247,16 +251,34 @@ mod tests {
             members: vec![],
             chunk_servers: vec![],
             chains: vec![chain(0), chain(1)],
-            replicas: 3,
+            replicas,
             table_version: 4,
             files: 0,
             caps: 0,
-        };
+            garbage: 0,
+        }
+    }
+
+    /// Every chain lost a server and no spare one exists: nothing is queued to copy, but
+    /// the status must not say all is well.
+    #[test]
+    fn chains_short_of_servers_are_shown_even_with_nothing_to_copy() {
+        let s = status(3);
         let text = render(&s);
         assert!(text.contains("2 of 2 chains on fewer than 3 servers"), "{text}");
         assert!(!text.contains("no backlog"), "{text}");
         assert_eq!(to_json(&s)["chains_short"], 2);
-        s.replicas = 2;
-        assert!(render(&s).contains("no backlog"));
+        assert!(render(&status(2)).contains("no backlog"));
+    }
+
+    #[test]
+    fn deleted_files_whose_chunks_are_not_freed_yet_are_shown() {
+        let mut s = status(2);
+        assert!(!render(&s).contains("Deleting"));
+        s.garbage = 12;
+        assert!(render(&s).contains("Deleting     12 deleted files' chunks to free"));
+        assert_eq!(to_json(&s)["garbage"], 12);
+        s.garbage = GARBAGE_COUNTED as u64;
+        assert!(render(&s).contains("at least 10000 deleted files"));
     }
 }
