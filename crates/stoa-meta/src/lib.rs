@@ -196,25 +196,31 @@ pub fn chain_table(kv: &impl KvRead) -> Result<ChainTable, FsError> {
     store::load_chains(kv)
 }
 
-/// Up to `limit` deleted files whose chunks are still to be deleted, with their sizes.
-pub fn garbage(kv: &impl KvRead, limit: usize) -> Result<Vec<(InodeId, u64)>, FsError> {
-    inode_rows(kv, Table::Garbage, limit)
+/// Up to `limit` deleted files whose chunks are still to be deleted, with their sizes,
+/// in inode order from inode `from` on.
+pub fn garbage(
+    kv: &impl KvRead,
+    from: InodeId,
+    limit: usize,
+) -> Result<Vec<(InodeId, u64)>, FsError> {
+    inode_rows(kv, Table::Garbage, from, limit)
 }
 
 /// Strays whose last name went at `before` or earlier (see `ops/unlink.rs`), at most
 /// `limit` of the table's first rows looked at.
 pub fn strays(kv: &impl KvRead, before: Timestamp, limit: usize) -> Result<Vec<InodeId>, FsError> {
-    let rows = inode_rows::<Timestamp>(kv, Table::Strays, limit)?;
+    let rows = inode_rows::<Timestamp>(kv, Table::Strays, InodeId(0), limit)?;
     Ok(rows.into_iter().filter(|(_, since)| *since <= before).map(|(ino, _)| ino).collect())
 }
 
-/// The first `limit` rows of a table keyed by inode number, decoded.
+/// The first `limit` rows from inode `from` on of a table keyed by inode number, decoded.
 fn inode_rows<T: serde::de::DeserializeOwned>(
     kv: &impl KvRead,
     table: Table,
+    from: InodeId,
     limit: usize,
 ) -> Result<Vec<(InodeId, T)>, FsError> {
-    let rows = kv.scan(table, &[], None, limit)?;
+    let rows = kv.scan(table, &from.0.to_be_bytes(), None, limit)?;
     rows.iter()
         .map(|(key, value)| {
             let ino = key.as_slice().try_into().map(u64::from_be_bytes).map_err(|_| {
@@ -356,7 +362,7 @@ mod tests {
         assert!(matches!(fs.lookup(ROOT, "a"), Err(FsError::Io(_))));
         assert!(matches!(fs.unlink(ROOT, "a", false), Err(FsError::Io(_))));
         fs.kv.put(Table::Garbage, b"short", &[FORMAT_VERSION, 0]).unwrap();
-        assert!(matches!(garbage(&fs.kv, 10), Err(FsError::Io(_))));
+        assert!(matches!(garbage(&fs.kv, InodeId(0), 10), Err(FsError::Io(_))));
         fs.kv.put(Table::Chains, b"table", &[]).unwrap();
         assert!(matches!(chain_table(&fs.kv), Err(FsError::Io(_))));
     }

@@ -16,6 +16,7 @@ use crate::raft::Role;
 use crate::service::Node;
 use bytes::Bytes;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoa_meta::Command;
@@ -259,7 +260,24 @@ async fn expire_once(node: &Node, lease: Duration) -> Result<(), FsError> {
 }
 
 async fn collect_garbage(node: Arc<Node>) {
-    every(GC_PERIOD, "garbage", || collect_once(&node)).await
+    // Where the next round starts: past the last inode of a full round, so that inodes
+    // whose chunks cannot be deleted yet (every server of their chain down) never keep
+    // the rounds from the garbage behind them.
+    let from = AtomicU64::new(0);
+    every(GC_PERIOD, "garbage", || async {
+        let next = collect_once(&node, InodeId(from.load(Ordering::Relaxed))).await?;
+        from.store(next.0, Ordering::Relaxed);
+        Ok(())
+    })
+    .await
+}
+
+/// Where the round after one that took `items` from the garbage table starts.
+fn next_round_from(items: &[(InodeId, u64)]) -> InodeId {
+    match items.last() {
+        Some((last, _)) if items.len() >= GC_BATCH => InodeId(last.0 + 1),
+        _ => InodeId(0),
+    }
 }
 
 /// Deletes the chunks of garbage inodes. Every cap on an inode is recalled first, and
@@ -267,20 +285,21 @@ async fn collect_garbage(node: Arc<Node>) {
 /// having applied its open yet (queued in its next batch, which the ack waits for), and
 /// such a read must never find the chunks gone (caps.md invariant 19). A new leader
 /// first waits until the clients told it which caps they hold.
-async fn collect_once(node: &Node) -> Result<(), FsError> {
+async fn collect_once(node: &Node, from: InodeId) -> Result<InodeId, FsError> {
     let (items, table, info) = node
         .raft
-        .read(|kv| {
+        .read(move |kv| {
             Ok((
-                stoa_meta::garbage(kv, GC_BATCH)?,
+                stoa_meta::garbage(kv, from, GC_BATCH)?,
                 stoa_meta::chain_table(kv)?,
                 stoa_meta::cluster_info(kv)?,
             ))
         })
         .await?;
-    let Some(info) = info else { return Ok(()) };
+    let next = next_round_from(&items);
+    let Some(info) = info else { return Ok(next) };
     if items.is_empty() {
-        return Ok(());
+        return Ok(next);
     }
     let inos: Vec<InodeId> = items.iter().map(|(ino, _)| *ino).collect();
     caps::recall_all(node, &inos).await?;
@@ -289,7 +308,7 @@ async fn collect_once(node: &Node) -> Result<(), FsError> {
     if !inos.is_empty() {
         node.raft.propose(Command::GarbageCollectedMany { inos }).await?;
     }
-    Ok(())
+    Ok(next)
 }
 
 async fn purge_strays(node: Arc<Node>) {
@@ -398,6 +417,14 @@ fn join_err(e: tokio::task::JoinError) -> FsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_garbage_round_is_followed_by_one_from_past_its_last_inode() {
+        let items = |n: u64| (0..n).map(|i| (InodeId(10 + i), 0)).collect::<Vec<_>>();
+        assert_eq!(next_round_from(&items(GC_BATCH as u64)), InodeId(10 + GC_BATCH as u64));
+        assert_eq!(next_round_from(&items(3)), InodeId(0));
+        assert_eq!(next_round_from(&[]), InodeId(0));
+    }
 
     #[test]
     fn a_file_has_one_chunk_per_started_chunk_size() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use stoa_proto::{
     ChunkServerStatus, ClusterStatus, MetaMemberStatus, MetaRequest, MetaResponse, GARBAGE_COUNTED,
 };
-use stoa_types::{ClusterId, FsError};
+use stoa_types::{ClusterId, FsError, InodeId};
 
 /// How long a non-leader waits for a peer to accept a connection before calling it down.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -43,7 +43,7 @@ impl Node {
                     stoa_meta::chain_table(kv)?,
                     stoa_meta::chunk_servers(kv)?,
                     stoa_meta::file_count(kv)?,
-                    stoa_meta::garbage(kv, GARBAGE_COUNTED)?.len() as u64,
+                    stoa_meta::garbage(kv, InodeId(0), GARBAGE_COUNTED)?.len() as u64,
                 ))
             })
             .await?;

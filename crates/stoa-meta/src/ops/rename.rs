@@ -212,7 +212,7 @@ mod tests {
         fs.rename((ROOT, "f1"), (ROOT, "f2"), 0).unwrap();
         assert_eq!(fs.lookup(ROOT, "f2").unwrap().ino, f1.ino);
         fs.purge_strays();
-        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(f2.ino, 0)]);
+        assert_eq!(garbage(&fs.kv, InodeId(0), 10).unwrap(), vec![(f2.ino, 0)]);
         assert_eq!(fs.names(ROOT), vec!["empty", "f2", "full"]);
     }
 
@@ -225,7 +225,7 @@ mod tests {
         fs.rename((ROOT, "b"), (ROOT, "a2"), 0).unwrap();
         assert_eq!(fs.getattr(a.ino).unwrap().nlink, 1);
         assert_eq!(fs.lookup(ROOT, "a2").unwrap().ino, b.ino);
-        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        assert!(garbage(&fs.kv, InodeId(0), 10).unwrap().is_empty());
     }
 
     #[test]

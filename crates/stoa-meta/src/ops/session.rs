@@ -255,7 +255,7 @@ mod tests {
     use crate::{apply, Command};
     use crate::{garbage, sessions};
     use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant};
-    use stoa_types::{FileKind, FsError, RequestId, SessionId};
+    use stoa_types::{FileKind, FsError, InodeId, RequestId, SessionId};
 
     /// Opens a second session on the same tables and returns its id.
     fn other_session(fs: &mut Fs) -> SessionId {
@@ -287,7 +287,7 @@ mod tests {
         // A purge from anyone leaves it while the other session has it open.
         fs.call(MetaOp::Purge { ino: a.ino }).unwrap();
         assert!(fs.getattr(a.ino).is_ok());
-        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        assert!(garbage(&fs.kv, InodeId(0), 10).unwrap().is_empty());
         as_session(&mut fs, other, |fs| fs.call(MetaOp::Release { ino: a.ino })).unwrap();
         // Closed everywhere, it is a stray: a kernel that resolved its name before the
         // unlink may still open it until the grace is over.
@@ -300,7 +300,7 @@ mod tests {
         fs.call(MetaOp::Release { ino: a.ino }).unwrap();
         fs.purge_strays();
         assert_eq!(fs.getattr(a.ino), Err(FsError::NotFound));
-        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 0)]);
+        assert_eq!(garbage(&fs.kv, InodeId(0), 10).unwrap(), vec![(a.ino, 0)]);
         assert!(fs.kv.is_empty(Table::Opens) && fs.kv.is_empty(Table::Openers));
         assert!(fs.kv.is_empty(Table::Orphans));
     }
@@ -316,10 +316,10 @@ mod tests {
         // Open: an unlink leaves an orphan until the release.
         fs.unlink(ROOT, "c", false).unwrap();
         assert_eq!(fs.getattr(c.ino).unwrap().nlink, 0);
-        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        assert!(garbage(&fs.kv, InodeId(0), 10).unwrap().is_empty());
         fs.call(MetaOp::Release { ino: c.ino }).unwrap();
         fs.purge_strays();
-        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(c.ino, 0)]);
+        assert_eq!(garbage(&fs.kv, InodeId(0), 10).unwrap(), vec![(c.ino, 0)]);
         // An existing name is refused and opens nothing.
         fs.create(ROOT, "d").unwrap();
         let again =
@@ -336,11 +336,11 @@ mod tests {
         fs.call(MetaOp::Open { ino: victim.ino }).unwrap();
         fs.rename((ROOT, "new"), (ROOT, "v"), 0).unwrap();
         assert_eq!(fs.getattr(victim.ino).unwrap().nlink, 0);
-        assert!(garbage(&fs.kv, 10).unwrap().is_empty());
+        assert!(garbage(&fs.kv, InodeId(0), 10).unwrap().is_empty());
         fs.call(MetaOp::Release { ino: victim.ino }).unwrap();
-        assert!(garbage(&fs.kv, 10).unwrap().is_empty(), "a stray first");
+        assert!(garbage(&fs.kv, InodeId(0), 10).unwrap().is_empty(), "a stray first");
         fs.purge_strays();
-        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(victim.ino, 0)]);
+        assert_eq!(garbage(&fs.kv, InodeId(0), 10).unwrap(), vec![(victim.ino, 0)]);
     }
 
     #[test]
@@ -357,7 +357,7 @@ mod tests {
         assert_eq!(sessions(&fs.kv).unwrap(), vec![fs.session, other]);
         apply(&mut fs.kv, &Command::ExpireSession { session: other }).unwrap();
         // The orphan is garbage; the linked file is untouched; nothing of `other` is left.
-        assert_eq!(garbage(&fs.kv, 10).unwrap(), vec![(a.ino, 0)]);
+        assert_eq!(garbage(&fs.kv, InodeId(0), 10).unwrap(), vec![(a.ino, 0)]);
         assert!(fs.getattr(b.ino).is_ok());
         assert!(fs.kv.is_empty(Table::Opens) && fs.kv.is_empty(Table::Openers));
         assert_eq!(sessions(&fs.kv).unwrap(), vec![fs.session]);

@@ -196,8 +196,9 @@ async fn the_chunks_of_deleted_files_are_deleted_and_their_garbage_entries_dropp
     }
 
     let server = cluster.server(0);
-    let garbage =
-        || async { server.node.raft.read(move |kv| stoa_meta::garbage(kv, 10)).await.unwrap() };
+    let garbage = || async {
+        server.node.raft.read(move |kv| stoa_meta::garbage(kv, InodeId(0), 10)).await.unwrap()
+    };
     // Kept a while as strays (stoa-meta `ops/unlink.rs`), then garbage, then gone: all
     // but the file whose deletion fails, which stays garbage.
     eventually(10, "the garbage entries of the deleted files are dropped", || async {
