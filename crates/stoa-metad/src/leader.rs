@@ -301,10 +301,10 @@ async fn collect_once(node: &Node, from: InodeId) -> Result<InodeId, FsError> {
     if items.is_empty() {
         return Ok(next);
     }
-    let inos: Vec<InodeId> = items.iter().map(|(ino, _)| *ino).collect();
+    let mut inos: Vec<InodeId> = items.iter().map(|(ino, _)| *ino).collect();
     caps::recall_all(node, &inos).await?;
     let failed = delete_chunks(node, &table, &items, info.chunk_size_bytes).await?;
-    let inos: Vec<InodeId> = inos.into_iter().filter(|ino| !failed.contains(ino)).collect();
+    inos.retain(|ino| !failed.contains(ino));
     if !inos.is_empty() {
         node.raft.propose(Command::GarbageCollectedMany { inos }).await?;
     }

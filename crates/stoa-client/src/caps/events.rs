@@ -1,0 +1,237 @@
+//! The events stream of a session and what it brings: recalls of caps (flush, drop
+//! what was cached here and in the kernel, ack), giving idle caps back past the bound,
+//! and dropping every cap when the session is lost (docs/flows/caps.md).
+
+use super::*;
+
+/// Runs the events stream of `sh`'s session until the client goes away: polls the
+/// leader, handles recalls, and drops every cap when the session was lost or could not be
+/// renewed in time.
+pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(sh);
+    tokio::spawn(async move {
+        loop {
+            let Some(sh) = weak.upgrade() else { return };
+            let session = sh.session.id();
+            let lease = Duration::from_millis(sh.session.grant().lease_ms);
+            let (held, term) = sh.caps.held_list();
+            let sent = Instant::now();
+            // The caps lapse at their deadline even while the poll hangs (a partitioned
+            // leader): what the kernel cached under them goes then, not at the next poll.
+            let polled = {
+                let poll = sh.session.call_leader(MetaOp::CapEvents { held, term }, POLL_TIMEOUT);
+                tokio::pin!(poll);
+                loop {
+                    let until = sh.caps.lock().valid_until;
+                    let Some(until) = until else { break poll.await };
+                    tokio::select! {
+                        polled = &mut poll => break polled,
+                        _ = tokio::time::sleep_until(until.into()) => {
+                            let lapsed = sh.caps.drop_lapsed();
+                            if !lapsed.is_empty() {
+                                tracing::warn!("no renewal for most of a lease: dropping every cap");
+                            }
+                            forget_soon(&sh, lapsed);
+                        }
+                    }
+                }
+            };
+            match polled {
+                Ok(MetaResponse::CapEvents { recalls, term }) => {
+                    sh.caps.learn_term(term);
+                    forget_soon(&sh, sh.caps.renewed(sent, lease));
+                    for r in recalls {
+                        tokio::spawn(recall(sh.clone(), r));
+                    }
+                    give_back_idle(&sh);
+                }
+                Ok(other) => tracing::warn!("{}", unexpected("CapEvents", &other)),
+                Err(FsError::SessionExpired) => {
+                    forget_soon(&sh, sh.caps.drop_all());
+                    if let Err(e) = sh.session.reopen(session).await {
+                        tracing::warn!("reopening the meta session: {e}");
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("polling for cap recalls failed: {e}");
+                    drop(sh);
+                    tokio::time::sleep(POLL_RETRY).await;
+                }
+            }
+        }
+    })
+}
+
+/// Gives back, in the background, the least recently used caps while the client holds
+/// more than its bound (see the module doc, "Bounded"); one such task at a time.
+fn give_back_idle(sh: &Arc<Shared>) {
+    let idle = sh.caps.over_bound(|ino| sh.open_file(ino).is_some());
+    if idle.is_empty() || sh.caps.trimming.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tracing::debug!("holding more than {} caps: giving {} back", sh.caps.max, idle.len());
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        for r in idle {
+            // As for a recall: nobody else waits for it, but the leader must hear the
+            // ack before it may forget the grant, and the kernel forget first.
+            recall(sh.clone(), r).await;
+        }
+        sh.caps.trimming.store(false, Ordering::Release);
+    });
+}
+
+/// Tells the leader of the caps this client dropped on its own (files whose last name it
+/// removed), in one call per few milliseconds; one such task at a time. Without it the
+/// leader would recall each of them before it purges the file (a call and an ack per
+/// deleted file, 2 s after an `rm -r`). A call that fails costs only that recall.
+pub(crate) fn send_released(sh: &Arc<Shared>) {
+    {
+        let mut t = sh.caps.lock();
+        if t.released.is_empty() || t.releasing {
+            return;
+        }
+        t.releasing = true;
+    }
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RELEASE_GATHER).await;
+            // Taken, or the task ends, under one lock: a cap dropped later finds either
+            // this task still running or none.
+            let released = {
+                let mut t = sh.caps.lock();
+                t.releasing = !t.released.is_empty();
+                std::mem::take(&mut t.released)
+            };
+            if released.is_empty() {
+                break;
+            }
+            let op = MetaOp::CapsReleased { released };
+            if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
+                tracing::debug!("telling the leader of caps given up: {e}");
+            }
+        }
+    });
+}
+
+/// Drops what was cached under the caps `dropped`, the kernel's caches included.
+pub(super) async fn forget(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
+    if dropped.is_empty() {
+        return;
+    }
+    drop_file_caches(sh, &dropped);
+    invalidate_kernel(sh, dropped).await;
+}
+
+/// Like [`forget`], for the events stream: the kernel part runs in the background. The
+/// kernel makes an entry invalidation wait for the operations in flight in that
+/// directory, and those may wait for what only this stream brings (renewals, the news
+/// that the session expired), so the stream must not wait for it.
+fn forget_soon(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
+    if dropped.is_empty() {
+        return;
+    }
+    drop_file_caches(sh, &dropped);
+    let sh = sh.clone();
+    tokio::spawn(async move { invalidate_kernel(&sh, dropped).await });
+}
+
+fn drop_file_caches(sh: &Shared, dropped: &[(InodeId, Held)]) {
+    for (ino, _) in dropped {
+        if let Some(file) = sh.open_file(*ino) {
+            file.lock().drop_cap_cache();
+        }
+    }
+}
+
+/// Tells the kernel to forget the inodes and the names given out under `dropped`.
+pub(super) async fn invalidate_kernel(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
+    let Some(kernel) = sh.caps.kernel() else { return };
+    let task = tokio::task::spawn_blocking(move || drop_from_kernel(&*kernel, dropped));
+    if let Err(e) = task.await {
+        tracing::warn!("kernel cache invalidation task: {e}");
+    }
+}
+
+/// Makes the kernel forget the names and inodes cached under `dropped`. The names go all
+/// at once where the kernel can, which waits for no directory lock: dropping them one by
+/// one waits for the operations in flight in each directory, which may be this client's
+/// own changes waiting at meta for the other session, whose change waits for this
+/// recall (invariant 24).
+pub(super) fn drop_from_kernel(kernel: &dyn KernelCache, dropped: Vec<(InodeId, Held)>) {
+    // Names handed out with no TTL are not cached: the kernel asks again.
+    let names = dropped.iter().any(|(_, held)| held.kernel_names && !held.names.is_empty());
+    // Absences were handed out only where the kernel expires all names at once.
+    let missing = dropped.iter().any(|(_, held)| held.kernel_missing);
+    let one_by_one = (names || missing) && !kernel.expire_all_names();
+    if one_by_one && missing {
+        tracing::warn!(
+            "could not expire the kernel's names: absences it cached stay until their TTL"
+        );
+    }
+    for (ino, held) in dropped {
+        if one_by_one && held.kernel_names {
+            for name in held.names.keys() {
+                kernel.inval_entry(ino, name);
+            }
+        }
+        kernel.inval_inode(ino);
+    }
+}
+
+/// Answers one recall: waits for the users of the cap, flushes the file's buffered
+/// writes, drops what was cached under the cap (here and in the kernel), then acks.
+async fn recall(sh: Arc<Shared>, r: CapRef) {
+    let session = sh.session.id();
+    tracing::debug!("meta recalls the cap on inode {} (grant {})", r.ino, r.seq);
+    let gate = sh.caps.gate(r.ino);
+    let dropped = {
+        let _alone = gate.write().await;
+        let dropped = sh.caps.begin_recall(r);
+        // Changes this client made itself under the cap (creates in a directory it held)
+        // reach meta before the ack lets anyone else look.
+        sh.session.backlog.wait_all().await;
+        if dropped.is_some() {
+            if let Some(file) = sh.open_file(r.ino) {
+                if let Err(e) = file.flush_recalled(&sh).await {
+                    // The file keeps the error for every handle's next flush, fsync
+                    // or close.
+                    tracing::warn!("flushing inode {} for a recall: {e}", r.ino);
+                }
+                file.lock().drop_cap_cache();
+            }
+        }
+        dropped
+    };
+    // Operations that ran uncapped meanwhile may have filled kernel pages: drop them
+    // again until a pass saw none.
+    let mut dropped = dropped.map(|held| vec![(r.ino, held)]);
+    while let Some((inflight, served)) = sh.caps.served(r.ino) {
+        if inflight > 0 {
+            tokio::time::sleep(UNCAPPED_WAIT).await;
+            continue;
+        }
+        let names = dropped.take().unwrap_or_else(|| vec![(r.ino, empty_held())]);
+        invalidate_kernel(&sh, names).await;
+        if sh.caps.try_end_recall(r.ino, served) {
+            break;
+        }
+    }
+    // Another recall of the inode ended the window first: drop the names all the same.
+    if let Some(names) = dropped {
+        invalidate_kernel(&sh, names).await;
+    }
+    ack(&sh, session, r).await;
+}
+
+/// Tells the leader the cap is gone. A lost ack costs the recaller a lease at most.
+async fn ack(sh: &Shared, session: SessionId, r: CapRef) {
+    if sh.session.id() != session {
+        return;
+    }
+    let op = MetaOp::CapsReleased { released: vec![r] };
+    if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
+        tracing::warn!("acking the recall of inode {}: {e}", r.ino);
+    }
+}
