@@ -1,7 +1,7 @@
 //! Reading and writing whole frames on a stream; shared by both ends of a connection.
 
 use crate::NetError;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -37,8 +37,16 @@ pub(crate) async fn read_frame<T: DeserializeOwned, R: AsyncRead + Unpin>(
         FrameHeader::parse(&raw).map_err(|source| NetError::Frame { addr: peer, source })?;
     let mut head = vec![0u8; header.head_len as usize];
     r.read_exact(&mut head).await.map_err(lost)?;
-    let mut payload = BytesMut::zeroed(header.payload_len as usize);
-    r.read_exact(&mut payload).await.map_err(lost)?;
+    // Read into spare capacity: zeroing a 1 MiB buffer first cost as much as a CRC pass.
+    let len = header.payload_len as usize;
+    let mut payload = BytesMut::with_capacity(len);
+    while payload.len() < len {
+        let want = len - payload.len();
+        let mut rest = (&mut payload).limit(want);
+        if r.read_buf(&mut rest).await.map_err(lost)? == 0 {
+            return Err(lost(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
     let head = decode_head(&header, &raw, &head, &payload)
         .map_err(|source| NetError::Frame { addr: peer, source })?;
     Ok(Some(Frame { kind: header.kind, id: header.id, head, payload: payload.freeze() }))

@@ -670,14 +670,28 @@ impl Engine {
         }
         let start = offset / BLOCK * BLOCK;
         let stop = (end.div_ceil(BLOCK) * BLOCK).min(chunk_len);
-        let mut buf = vec![0u8; stop - start];
+        let mut buf = Vec::new();
         match wait {
             Wait::Disk => {
-                read_data(&open_file(&self.paths(chunk), false)?, chunk, &mut buf, start)?
+                let file = open_file(&self.paths(chunk), false)?;
+                let got = pread_append(
+                    file.as_raw_fd(),
+                    &mut buf,
+                    stop - start,
+                    DATA_AT + start as u64,
+                    0,
+                )
+                .map_err(|e| io_err(format!("read {chunk}"), e))?;
+                if got < stop - start {
+                    return Err(data_short(chunk));
+                }
             }
-            Wait::Never => {
-                read_cached_at(&self.paths(chunk).file, &mut buf, DATA_AT as usize + start)?
-            }
+            Wait::Never => read_cached_at(
+                &self.paths(chunk).file,
+                &mut buf,
+                stop - start,
+                DATA_AT + start as u64,
+            )?,
         }
         for (i, block) in buf.chunks(BLOCK).enumerate() {
             check_block(chunk, header, start / BLOCK + i, block)?;
@@ -893,14 +907,13 @@ enum Wait {
     Never,
 }
 
-/// Fills `buf` from `at` of the file at `path` only from what the kernel holds in memory:
-/// the path resolved from its name cache alone (`RESOLVE_CACHED`), the bytes from its
-/// page cache alone (`RWF_NOWAIT`). Anything else, a short read included, is an error
-/// (`WouldBlock` where the disk would have been needed).
-fn read_cached_at(path: &Path, buf: &mut [u8], at: usize) -> Result<(), FsError> {
+/// Appends `len` bytes from `at` of the file at `path` to `buf`, only from what the kernel
+/// holds in memory: the path resolved from its name cache alone (`RESOLVE_CACHED`), the
+/// bytes from its page cache alone (`RWF_NOWAIT`). Anything else, a short read included,
+/// is an error (`WouldBlock` where the disk would have been needed).
+fn read_cached_at(path: &Path, buf: &mut Vec<u8>, len: usize, at: u64) -> Result<(), FsError> {
     let would_block = || FsError::Io(format!("reading {} would wait for the disk", path.display()));
-    let os_err =
-        |what: &str| io_err(format!("{what} {}", path.display()), std::io::Error::last_os_error());
+    let os_err = |what: &str, e| io_err(format!("{what} {}", path.display()), e);
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| FsError::Invalid(format!("{} holds a NUL", path.display())))?;
     // SAFETY: open_how is plain integers, for which zero is valid.
@@ -918,32 +931,63 @@ fn read_cached_at(path: &Path, buf: &mut [u8], at: usize) -> Result<(), FsError>
         )
     };
     if fd < 0 {
-        return Err(os_err("open (cached)"));
+        return Err(os_err("open (cached)", std::io::Error::last_os_error()));
     }
     // SAFETY: openat2 just returned this descriptor, and nothing else owns it.
     let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int) };
-    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: `iov` describes `buf`, which is live and writable for the whole call.
-    let n =
-        unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at as libc::off_t, libc::RWF_NOWAIT) };
-    match n {
-        n if n < 0 && std::io::Error::last_os_error().kind() == ErrorKind::WouldBlock => {
-            Err(would_block())
-        }
-        n if n < 0 => Err(os_err("read (cached)")),
-        n if n as usize != buf.len() => Err(would_block()),
-        _ => Ok(()),
+    match pread_append(file.as_raw_fd(), buf, len, at, libc::RWF_NOWAIT) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(would_block()),
+        Err(e) => Err(os_err("read (cached)", e)),
+        Ok(got) if got < len => Err(would_block()),
+        Ok(_) => Ok(()),
     }
+}
+
+/// Appends up to `len` bytes from `at` of `fd` to `buf`, read (`preadv2` with `flags`)
+/// straight into its spare capacity: a chunk read used to zero its buffer first, which
+/// cost as much as a CRC pass over it. Fewer than `len` only where the file ends.
+fn pread_append(
+    fd: std::os::fd::RawFd,
+    buf: &mut Vec<u8>,
+    len: usize,
+    at: u64,
+    flags: libc::c_int,
+) -> std::io::Result<usize> {
+    buf.reserve(len);
+    let mut got = 0;
+    while got < len {
+        let spare = &mut buf.spare_capacity_mut()[..len - got];
+        let iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() };
+        // SAFETY: `iov` describes spare capacity of `buf`, live and writable for the call.
+        let n = unsafe { libc::preadv2(fd, &iov, 1, (at + got as u64) as libc::off_t, flags) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n as usize) };
+        got += n as usize;
+    }
+    Ok(got)
 }
 
 /// Reads the chunk's bytes at `at` (of the data, not of the file).
 fn read_data(file: &File, chunk: ChunkId, buf: &mut [u8], at: usize) -> Result<(), FsError> {
     file.read_exact_at(buf, DATA_AT + at as u64).map_err(|e| match e.kind() {
-        ErrorKind::UnexpectedEof => {
-            FsError::Checksum(format!("chunk {chunk}: its data is shorter than its header says"))
-        }
+        ErrorKind::UnexpectedEof => data_short(chunk),
         _ => io_err(format!("read {chunk}"), e),
     })
+}
+
+/// A chunk file that ends before its header says its data does: damage.
+fn data_short(chunk: ChunkId) -> FsError {
+    FsError::Checksum(format!("chunk {chunk}: its data is shorter than its header says"))
 }
 
 impl Engine {

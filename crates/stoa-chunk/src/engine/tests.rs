@@ -356,6 +356,24 @@ fn a_cached_read_answers_only_what_a_read_from_disk_would() {
     assert_eq!(e.read_cached(id(1), 100, 200).as_deref(), Some(&data[100..300]));
 }
 
+/// A chunk file cut short on disk (its data ends before the header says) reads as
+/// damage from disk, and is never answered from the page cache.
+#[test]
+fn a_chunk_file_cut_short_is_a_checksum_error() {
+    let (_d, e) = engine();
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    e.write(id(2), 0, &data, None, None).unwrap();
+    let file = OpenOptions::new().write(true).open(e.paths(id(2)).file).unwrap();
+    file.set_len(DATA_AT + 10_000).unwrap();
+    assert_eq!(e.read_cached(id(2), 12_000, 100), None);
+    assert!(
+        matches!(e.read(id(2), 12_000, 100), Err(FsError::Checksum(ref m)) if m.contains("shorter"))
+    );
+    // The blocks before the cut still read, from disk and from the cache.
+    assert_eq!(e.read(id(2), 0, 8192).unwrap(), &data[..8192]);
+    assert_eq!(e.read_cached(id(2), 100, 4000).as_deref(), Some(&data[100..4100]));
+}
+
 /// A change rewrites the header in place, in the slot the current one is not in: the
 /// chunk keeps its one file (no inode is allocated or freed), and the slots alternate.
 #[test]
