@@ -17,12 +17,12 @@ use crate::chains::ChainCache;
 use crate::session::Session;
 use bytes::Bytes;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoa_net::Pool;
 use stoa_proto::{ChunkOp, ChunkRequest, ChunkResponse, Request, Response};
-use stoa_types::{Chain, ChainTable, ChunkId, FsError, WriteId};
+use stoa_types::{Chain, ChainTable, ChunkId, FsError, NodeId, WriteId};
 
 /// How long a chunk call keeps retrying before the application sees EIO.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -53,15 +53,13 @@ pub(crate) struct ChunkIo {
     pool: Pool,
     session: Arc<Session>,
     chains: ChainCache,
-    /// Rotates the first replica tried, so reads spread over a chain.
-    spread: AtomicUsize,
     /// The last write id number handed out in this process (see [`WriteId`]).
     writes: AtomicU64,
 }
 
 impl ChunkIo {
     pub fn new(pool: Pool, session: Arc<Session>, chains: ChainCache) -> ChunkIo {
-        ChunkIo { pool, session, chains, spread: AtomicUsize::new(0), writes: AtomicU64::new(0) }
+        ChunkIo { pool, session, chains, writes: AtomicU64::new(0) }
     }
 
     /// A new write id: every attempt of one mutation carries the same one.
@@ -126,13 +124,14 @@ impl ChunkIo {
     /// chunk ends first; a chunk never written reads as empty.
     pub async fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Bytes, FsError> {
         let op = ChunkOp::Read { chunk, offset, len };
-        self.retrying("read", chunk, |table| self.read_any(table, chunk, op.clone())).await
+        self.retrying("read", chunk, |table| self.read_any(table, chunk, offset, op.clone())).await
     }
 
     async fn read_any(
         &self,
         table: Arc<ChainTable>,
         chunk: ChunkId,
+        offset: u32,
         op: ChunkOp,
     ) -> Result<Bytes, FsError> {
         let chain = chain_of(&table, chunk)?;
@@ -140,7 +139,7 @@ impl ChunkIo {
         if members.is_empty() {
             return Err(FsError::Unavailable(format!("chain {} has no members", chain.id)));
         }
-        let start = self.spread.fetch_add(1, Ordering::Relaxed);
+        let start = first_replica(chunk, offset, members);
         let mut worst: Option<FsError> = None;
         for i in 0..members.len() {
             let node = members[(start + i) % members.len()];
@@ -275,8 +274,67 @@ fn chain_of(table: &ChainTable, chunk: ChunkId) -> Result<&Chain, FsError> {
         .ok_or_else(|| FsError::Unavailable("no chains yet: no chunk servers registered".into()))
 }
 
+/// Which member of a chain a read of `chunk` at `offset` tries first: the same server
+/// for every read of a region, whatever chain the chunk is on, and regions spread over
+/// the servers (rendezvous hashing: the member that scores highest for the region). A
+/// region is 1 MiB of a chunk, so a large read still draws on every replica, and each
+/// server's page cache holds its share of a file rather than all of it; the first
+/// chunks of 64 consecutive inodes are one region, so one server sees a scan of small
+/// files in inode order and reads ahead of it (stoa-chunk server/prefetch.rs).
+fn first_replica(chunk: ChunkId, offset: u32, members: &[NodeId]) -> usize {
+    let region = (chunk.ino.0 / 64)
+        .wrapping_add(chunk.index.wrapping_mul(7))
+        .wrapping_add(u64::from(offset >> 20));
+    // splitmix64's finaliser over region and node: every bit of both moves the score.
+    let score = |node: &NodeId| {
+        let mut x = region.wrapping_add(node.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    (0..members.len()).max_by_key(|&i| score(&members[i])).unwrap_or(0)
+}
+
 /// Errors worth another attempt: retry hints, and a checksum mismatch on every replica
 /// tried (a repair may fix it).
 fn is_transient(e: &FsError) -> bool {
     e.is_retryable() || matches!(e, FsError::Checksum(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoa_types::InodeId;
+
+    fn chunk(ino: u64, index: u64) -> ChunkId {
+        ChunkId { ino: InodeId(ino), index }
+    }
+
+    #[test]
+    fn a_region_is_read_from_one_server_whatever_its_chain_and_regions_spread() {
+        let orders = [[1, 2, 3], [2, 3, 1], [3, 1, 2], [3, 2, 1]].map(|o| o.map(NodeId));
+        let first = |c: ChunkId, offset: u32, members: &[NodeId]| {
+            members[first_replica(c, offset, members)]
+        };
+        let mut counts = [0usize; 4];
+        for ino in 0..6_400u64 {
+            let node = first(chunk(ino, 0), 0, &orders[0]);
+            // Every order of the same servers, and the rest of the first MiB, agree.
+            for members in &orders {
+                assert_eq!(first(chunk(ino, 0), 4096, members), node);
+            }
+            // So do the 64 inodes of a run.
+            assert_eq!(first(chunk(ino / 64 * 64, 0), 0, &orders[0]), node);
+            counts[node.0 as usize] += 1;
+        }
+        // 100 runs over three servers: each gets a fair share.
+        assert!(counts[1..].iter().all(|&n| (1_280..=3_000).contains(&n)), "{counts:?}");
+        // The MiBs of a large chunk spread too.
+        let nodes: std::collections::HashSet<NodeId> =
+            (0..4u32).map(|mib| first(chunk(7, 3), mib << 20, &orders[1])).collect();
+        assert!(nodes.len() >= 2, "{nodes:?}");
+        // A member that is not among the others still gets chosen for some regions.
+        let four = [1, 2, 3, 4].map(NodeId);
+        assert!((0..640u64).any(|ino| first(chunk(ino, 0), 0, &four) == NodeId(4)));
+    }
 }

@@ -272,6 +272,29 @@ impl Engine {
         self.read_blocks(chunk, &header, offset, len, Wait::Never).ok()
     }
 
+    /// Warms the caches for a read of the first `bytes` of `chunk` that may come soon:
+    /// its header into the header cache, its data into the kernel's page cache
+    /// (`readahead`, which returns once the reads are issued). Changes nothing a read
+    /// answers: the read still takes the chunk's lock and checks every block. Advisory,
+    /// so a chunk this server does not hold, or any error, is passed over in silence; the
+    /// read that follows reports what is wrong.
+    pub fn prefetch(&self, chunk: ChunkId, bytes: u32) {
+        let len = {
+            let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+            match self.load(chunk) {
+                Ok(Local::Present(h)) => h.len.min(bytes),
+                _ => return,
+            }
+        };
+        if len == 0 {
+            return;
+        }
+        if let Ok(file) = File::open(self.paths(chunk).file) {
+            // SAFETY: a plain system call on a descriptor `file` owns for the call.
+            unsafe { libc::readahead(file.as_raw_fd(), DATA_AT as libc::off64_t, len as usize) };
+        }
+    }
+
     /// The whole chunk with its version and remembered writes (version 0 and nothing
     /// when it does not exist).
     pub fn fetch(&self, chunk: ChunkId) -> Result<ChunkCopy, FsError> {

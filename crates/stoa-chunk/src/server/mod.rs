@@ -4,7 +4,8 @@
 //! ```text
 //!  request --> fenced? --> chain version == ours? (newer: refresh from meta once)
 //!          --> role check (head / write path / active member)
-//!          --> Read, ListChunks, FetchChunk      -> engine
+//!          --> Read, ListChunks, FetchChunk      -> engine (a scan of small files in
+//!                                                   inode order: prefetch.rs)
 //!          --> Write, Truncate (replicate.rs)    -> engine, then the next server
 //!          --> Sync                              -> fdatasync, then the next server
 //!          --> Install                           -> engine (replace whole chunk)
@@ -14,6 +15,7 @@
 //! ```
 
 mod locks;
+mod prefetch;
 mod replicate;
 mod resync;
 mod scrub;
@@ -110,6 +112,8 @@ pub(crate) struct Server {
     /// no read is served meanwhile (see [`Server::report_full`]).
     leaving: AtomicU64,
     tasks: Mutex<JoinSet<()>>,
+    /// Read-ahead across small files read in inode order (prefetch.rs).
+    prefetch: prefetch::Prefetch,
 }
 
 /// Which servers of its chain may answer a request.
@@ -150,6 +154,7 @@ impl Server {
             reported_full: Mutex::new(None),
             leaving: AtomicU64::new(0),
             tasks: Mutex::new(JoinSet::new()),
+            prefetch: Default::default(),
         }
     }
 
@@ -356,7 +361,9 @@ impl Server {
                 // Answered here on the reactor when nothing of it waits for the disk: a
                 // trip through the blocking pool costs two thread wake-ups, the larger
                 // part of a small read's time on this server.
-                let data = match self.engine.read_cached(chunk, offset, len) {
+                let cached = self.engine.read_cached(chunk, offset, len);
+                self.prefetch.on_read(&self.engine, chunk, offset, cached.is_none());
+                let data = match cached {
                     Some(data) => Ok(data),
                     None => self.disk(move |e| e.read(chunk, offset, len)).await,
                 };
