@@ -84,7 +84,8 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     };
     let addrs = super::meta_addrs(target.meta.as_deref(), target.dir.as_deref())?;
     let rt = crate::signal::runtime()?;
-    rt.block_on(change(addrs, op))?;
+    let changed = rt.block_on(change(addrs, op));
+    super::hint_dev_stopped(changed, target.meta.as_deref(), target.dir.as_deref())?;
     println!("{done}");
     Ok(())
 }

@@ -154,7 +154,7 @@ impl Layout {
 
 /// Holds `DIR/dev.lock` so that two `stoa dev` never run one cluster.
 fn lock_dir(dir: &Path) -> anyhow::Result<DirLock> {
-    DirLock::acquire(dir, "dev.lock").map_err(|e| match e {
+    DirLock::acquire(dir, super::DEV_LOCK).map_err(|e| match e {
         DirLockError::Busy { .. } => anyhow!("another `stoa dev` is running on {}", dir.display()),
         other => other.into(),
     })

@@ -37,18 +37,20 @@ const CAPS_MAX_MIN: usize = 64;
 
 pub fn main(args: Args) -> anyhow::Result<()> {
     let file: File = config::load_file(args.config.as_deref())?;
-    let meta = super::meta_addrs(args.meta.or(file.meta).as_deref(), args.dir.as_deref())?;
+    let given = args.meta.or(file.meta);
+    let meta = super::meta_addrs(given.as_deref(), args.dir.as_deref())?;
     let caps_max = args.caps_max.or(file.caps_max).unwrap_or(stoa_client::CAPS_MAX_DEFAULT);
     if caps_max < CAPS_MAX_MIN {
         anyhow::bail!("caps_max is {caps_max}; it must be at least {CAPS_MAX_MIN}");
     }
     let cfg = MountConfig { meta, mountpoint: args.mountpoint, name: client_name(), caps_max };
     let rt = crate::signal::runtime()?;
-    rt.block_on(async move {
+    let mounted = rt.block_on(async move {
         let shutdown = crate::signal::shutdown()?;
         let at = cfg.mountpoint.display().to_string();
         stoa_fuse::mount(cfg, shutdown).await.with_context(|| format!("mount at {at}"))
-    })
+    });
+    super::hint_dev_stopped(mounted, given.as_deref(), args.dir.as_deref())
 }
 
 /// Names this client in meta's session table: host and process.

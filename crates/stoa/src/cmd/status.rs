@@ -38,7 +38,11 @@ pub async fn fetch(addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<ClusterSt
 pub fn main(args: Args) -> anyhow::Result<()> {
     let addrs = super::meta_addrs(args.meta.as_deref(), args.dir.as_deref())?;
     let rt = crate::signal::runtime()?;
-    let status = rt.block_on(fetch(addrs))?;
+    let status = super::hint_dev_stopped(
+        rt.block_on(fetch(addrs)),
+        args.meta.as_deref(),
+        args.dir.as_deref(),
+    )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&to_json(&status))?);
     } else {
