@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # Stoa against its peers on this machine, in one run (issue 7): a Stoa cluster (3 meta,
-# 3 chunk, replica 3), a GlusterFS replica-3 volume, a MooseFS cluster with goal 3 (bricks
-# and chunk servers on loopback, FUSE clients), and two ceilings: a local directory and a
-# bindfs FUSE passthrough of one. The same workloads on each: fio for data (sequential
-# 1 MiB write with fsync and cold read, 4 KiB random read and write at iodepth 1 and 16,
-# the DRBD+OCFS2 users' randrw job), `stoa bench` for metadata, small files and the
-# metadata-study table, and 2 concurrent clients (two mounts of the same system).
+# 3 chunk, replica 3), a GlusterFS replica-3 volume, a MooseFS cluster with goal 3, a
+# CephFS with 3 OSDs and pools of size 3 (bricks, chunk servers and OSDs on loopback,
+# FUSE clients), and two ceilings: a local directory and a bindfs FUSE passthrough of
+# one. The same workloads on each: fio for data (sequential 1 MiB write with fsync and
+# cold read, 4 KiB random read and write at iodepth 1 and 16, the DRBD+OCFS2 users'
+# randrw job), `stoa bench` for metadata, small files and the metadata-study table, and
+# 2 concurrent clients (two mounts of the same system).
 #
 #   bench/peers.sh [--quick] [--seq-mib N] [--rand-mib N] [--runtime S] [--reps N]
 #                  [--files N] [--dirs N] [--small N] [--study-ops N] [--systems a,b,...]
 #
 # Each figure is the median of --reps runs, recorded with the 1-minute load average.
 # Writes bench/results/peers.csv and peers.png and prints each system's figure and
-# Stoa's ratio to the best peer (GlusterFS, MooseFS; the ceilings are not peers).
+# Stoa's ratio to the best peer (GlusterFS, MooseFS, CephFS; the ceilings are not peers).
 # Everything it starts is stopped, unmounted and deleted at exit, even on failure.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 seq_mib=1024 rand_mib=256 runtime=10 reps=3 files=10000 dirs=1000 small=5000 study=2000
-systems=stoa,gluster,moosefs,local,bindfs
+systems=stoa,gluster,moosefs,ceph,local,bindfs
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) seq_mib=64 rand_mib=32 runtime=3 reps=1 files=100 dirs=20 small=100 study=50; shift ;;
@@ -35,7 +36,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 need_apt fio python3-matplotlib bindfs glusterfs-server glusterfs-client \
-    moosefs-master moosefs-chunkserver moosefs-client moosefs-cli
+    moosefs-master moosefs-chunkserver moosefs-client moosefs-cli \
+    ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common
 bench_setup peers
 # Written as it goes, outside the temporary directory, so a failed run keeps its figures.
 csv=$out/peers.csv.partial
@@ -139,6 +141,168 @@ CFG
     done
 }
 
+# CephFS from Debian's packages, without cephadm or systemd: one monitor, a manager (it
+# keeps the PG states that `ceph -s` reports), three BlueStore OSDs on sparse files, one
+# MDS, metadata and data pools of size 3, mounted twice with ceph-fuse. cephx is off, so
+# there are no keyrings to make and hand out. Every daemon runs in the foreground under
+# this shell with all its paths under $tmp/ceph (nothing in /var/lib/ceph, /var/run/ceph
+# or /var/log/ceph), and is stopped by its pid.
+ceph_pids=() ceph_names=() ceph_fuse_a=
+cephc() { timeout 60 ceph -c "$tmp/ceph/ceph.conf" "$@"; }
+# ceph_daemon NAME CMD...: CMD in the background, its output in log/NAME.out, in a
+# session of its own: a Ctrl-C would otherwise stop every daemon at once, under ceph-fuse
+# mounts busy with fio, which then hang until killed; it is left to the teardown, which
+# goes in order. (setsid execs CMD in place: this shell's children lead no process group.)
+ceph_daemon() {
+    local name=$1
+    shift
+    setsid "$@" >"$tmp/ceph/log/$name.out" 2>&1 &
+    ceph_pids+=($!) ceph_names+=("$name")
+}
+# A set-up step, quietly (ceph says "pool created" and the like on stderr), loudly if it fails.
+ceph_step() {
+    "$@" >>"$tmp/ceph/log/setup.log" 2>&1 || { tail -5 "$tmp/ceph/log/setup.log" >&2; return 1; }
+}
+# The clients first, then the MDS, then the rest, each group at once (one stop_pid after
+# another could take 30 s each) and waiting for these stops only: a bare `wait` would also
+# wait for the other systems' daemons. The MDS is killed: on SIGTERM it shuts its
+# messenger down before its journal, and hangs on the write that then fails.
+ceph_stop() {
+    local group i stops
+    for group in 'fuse-*' mds '*'; do
+        stops=()
+        for i in "${!ceph_pids[@]}"; do
+            # shellcheck disable=SC2254 # the group is a pattern
+            case ${ceph_names[$i]} in $group) ;; *) continue ;; esac
+            if [ "${ceph_names[$i]}" = mds ]; then
+                kill -KILL "${ceph_pids[$i]}" 2>/dev/null || true
+            else
+                stop_pid "${ceph_pids[$i]}" &
+                stops+=($!)
+            fi
+        done
+        [ ${#stops[@]} -eq 0 ] || wait "${stops[@]}"
+    done
+}
+# Ready: 3 OSDs up, the MDS active, and every PG of every pool active+clean (the pools
+# from the monitor's OSD map, as the manager's PG map may not have them all yet). Through
+# files: a Ctrl-C in a "$(...)" given to a command with a here-document makes bash 5.2
+# fail on its INT trap ("unexpected EOF while looking for matching `)'").
+ceph_ready() {
+    cephc -s -f json >"$tmp/ceph/status.json" 2>/dev/null || return 1
+    cephc osd dump -f json >"$tmp/ceph/osdmap.json" 2>/dev/null || return 1
+    python3 - "$tmp/ceph/status.json" "$tmp/ceph/osdmap.json" <<'PY'
+import json, sys
+try:
+    s, osd = (json.load(open(f)) for f in sys.argv[1:])
+    pgs = sum(p["pg_num"] for p in osd["pools"])
+    clean = sum(x["count"] for x in s["pgmap"]["pgs_by_state"] if x["state_name"] == "active+clean")
+    mds = [r for r in s["fsmap"].get("by_rank", []) if r["status"] == "up:active"]
+    ok = s["osdmap"]["num_up_osds"] == 3 and pgs > 0 and s["pgmap"]["num_pgs"] == pgs == clean and mds
+except (ValueError, KeyError):
+    ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+
+up_ceph() {
+    local d=$tmp/ceph conf=$tmp/ceph/ceph.conf host mon fsid i uuid id m end
+    host=$(host_addr)
+    mon=$(free_port)
+    fsid=$(cat /proc/sys/kernel/random/uuid)
+    mkdir -p "$d/run" "$d/log" "$d/crash" "$d/mon" "$d/mgr/a" "$d/mds/a" "$d/a" "$d/b"
+    # msgr2 only, on this host's address; the daemons' ports in 6800-7099, below the 7100
+    # and up of stoa-fault's clusters. The monitor would warn under 30% free space on the
+    # shared disk, and about insecure global_id reclaim, which means nothing without cephx.
+    cat >"$conf" <<CFG
+[global]
+fsid = $fsid
+mon host = [v2:$host:$mon]
+public addr = $host
+ms bind msgr1 = false
+ms bind ipv6 = false
+ms bind port min = 6800
+ms bind port max = 7099
+auth cluster required = none
+auth service required = none
+auth client required = none
+auth supported = none
+mon warn on insecure global id reclaim allowed = false
+mon data avail warn = 5
+run dir = $d/run
+admin socket = $d/run/\$name.asok
+pid file = $d/run/\$name.pid
+log file = $d/log/\$name.log
+mon cluster log file = $d/log/cluster.log
+crash dir = $d/crash
+mon data = $d/mon/\$id
+mgr data = $d/mgr/\$id
+mds data = $d/mds/\$id
+osd data = $d/osd\$id
+osd crush chooseleaf type = 0
+osd pool default size = 3
+osd pool default min size = 2
+osd pool default pg autoscale mode = off
+osd objectstore = bluestore
+bluestore block create = true
+bluestore block size = 21474836480
+osd memory target = 1073741824
+[client]
+admin socket = $d/run/\$name.\$pid.asok
+log file = $d/log/\$name.\$pid.log
+CFG
+    on_exit ceph_stop
+    ceph_step monmaptool --create --fsid "$fsid" --addv a "[v2:$host:$mon]" "$d/monmap"
+    ceph_step ceph-mon -c "$conf" -i a --mkfs --monmap "$d/monmap"
+    ceph_daemon mon ceph-mon -c "$conf" -i a -f
+    ceph_daemon mgr ceph-mgr -c "$conf" -i a -f
+    for i in 0 1 2; do
+        uuid=$(cat /proc/sys/kernel/random/uuid)
+        id=$(cephc osd new "$uuid")
+        mkdir -p "$d/osd$id"
+        ceph_step ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$uuid"
+        ceph_daemon "osd$id" ceph-osd -c "$conf" -i "$id" -f
+    done
+    ceph_daemon mds ceph-mds -c "$conf" -i a -f
+    ceph_step cephc osd pool create cephfs_metadata 16 16 replicated
+    ceph_step cephc osd pool create cephfs_data 64 64 replicated
+    ceph_step cephc fs new cephfs cephfs_metadata cephfs_data
+    end=$((SECONDS + 300))
+    until ceph_ready; do
+        for i in "${!ceph_pids[@]}"; do
+            kill -0 "${ceph_pids[$i]}" 2>/dev/null && continue
+            echo "bench: ceph ${ceph_names[$i]} exited during set-up:" >&2
+            tail -5 "$d/log/${ceph_names[$i]}.out" >&2
+            return 1
+        done
+        if [ "$SECONDS" -ge "$end" ]; then
+            cephc -s >&2 || true
+            echo "bench: CephFS not ready (3 OSDs up, MDS active, all PGs active+clean) after 300 s" >&2
+            return 1
+        fi
+        sleep 2
+    done
+    for m in a b; do
+        ceph_daemon "fuse-$m" ceph-fuse -c "$conf" -f "$d/$m"
+        [ "$m" = b ] || ceph_fuse_a=${ceph_pids[-1]}
+        on_exit "umount -l '$d/$m'"
+        wait_mount "$d/$m" 60 || { tail -5 "$d/log/fuse-$m.out" >&2; return 1; }
+        timeout 60 touch "$d/$m/.probe" || { echo "bench: CephFS mount $m is not writable" >&2; return 1; }
+        rm "$d/$m/.probe"
+    done
+}
+
+# ceph-fuse keeps file data in its own cache (client_oc, 200 MiB), out of drop_caches'
+# reach: the cold read would come from there, not from the OSDs. Mount a afresh.
+cold_ceph() {
+    local d=$tmp/ceph
+    umount "$d/a"
+    stop_pid "$ceph_fuse_a"
+    ceph_daemon fuse-a ceph-fuse -c "$d/ceph.conf" -f "$d/a"
+    ceph_fuse_a=${ceph_pids[-1]}
+    wait_mount "$d/a" 60 || { tail -5 "$d/log/fuse-a.out" >&2; return 1; }
+}
+
 # Both "clients" of the local directory are the same directory (fio refuses a symlink).
 up_local() { mkdir -p "$tmp/local/a"; ln -s "$tmp/local/a" "$tmp/local/b"; }
 
@@ -166,7 +330,13 @@ csv.writer(sys.stdout).writerow([sysname, key, label, unit, f"{statistics.median
 PY
 }
 
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+# drop_caches SYS: the page cache, and a FUSE client's own cache that this does not
+# reach, where the system has one (cold_SYS).
+drop_caches() {
+    if declare -F "cold_$1" >/dev/null; then "cold_$1"; fi
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
 
 # fio_figure JSON FIELD: MiB/s of the write or read side, or IOPS of read/write/both.
 fio_figure() {
@@ -207,7 +377,7 @@ data_workloads() {
         echo "bench: $sys: seq write/read ${seq_mib} MiB ($r/$reps)" >&2
         fio_run "$dir" seq --filename=seq.bin --rw=write --bs=1M --size="${seq_mib}M" --end_fsync=1 --ioengine=psync
         ws+=("$(fio_figure "$tmp/fio.json" wbw)")
-        drop_caches
+        drop_caches "$sys"
         fio_run "$dir" seq --filename=seq.bin --rw=read --bs=1M --size="${seq_mib}M" --ioengine=psync
         rs+=("$(fio_figure "$tmp/fio.json" rbw)")
         rm -f "$dir/seq.bin"
