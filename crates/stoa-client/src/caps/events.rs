@@ -186,12 +186,15 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
     let session = sh.session.id();
     tracing::debug!("meta recalls the cap on inode {} (grant {})", r.ino, r.seq);
     let gate = sh.caps.gate(r.ino);
+    let mut steps = RecallSteps::new();
     let dropped = {
         let _alone = gate.write().await;
+        steps.mark("users of the cap");
         let dropped = sh.caps.begin_recall(r);
         // Changes this client made itself under the cap (creates in a directory it held)
         // reach meta before the ack lets anyone else look.
         sh.session.backlog.wait_all().await;
+        steps.mark("namespace changes queued");
         if dropped.is_some() {
             if let Some(file) = sh.open_file(r.ino) {
                 if let Err(e) = file.flush_recalled(&sh).await {
@@ -200,6 +203,7 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
                     tracing::warn!("flushing inode {} for a recall: {e}", r.ino);
                 }
                 file.lock().drop_cap_cache();
+                steps.mark("buffered writes");
             }
         }
         dropped
@@ -222,7 +226,47 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
     if let Some(names) = dropped {
         invalidate_kernel(&sh, names).await;
     }
+    steps.mark("operations without the cap");
     ack(&sh, session, r).await;
+    steps.mark("the ack");
+    let lease = Duration::from_millis(sh.session.grant().lease_ms);
+    if steps.total() > lease / 2 {
+        // Another client waited this long for the cap (FAULT_TESTS.md, 15 s stalls).
+        tracing::warn!("the recall of inode {} took {:?}: {}", r.ino, steps.total(), steps);
+    }
+}
+
+/// How long each step of a recall took, for the warning about a slow one.
+struct RecallSteps {
+    start: Instant,
+    last: Instant,
+    took: Vec<(&'static str, Duration)>,
+}
+
+impl RecallSteps {
+    fn new() -> RecallSteps {
+        let now = Instant::now();
+        RecallSteps { start: now, last: now, took: Vec::new() }
+    }
+
+    /// Ends the step waiting for `what`.
+    fn mark(&mut self, what: &'static str) {
+        let now = Instant::now();
+        self.took.push((what, now - self.last));
+        self.last = now;
+    }
+
+    fn total(&self) -> Duration {
+        self.last - self.start
+    }
+}
+
+impl std::fmt::Display for RecallSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let steps: Vec<String> =
+            self.took.iter().map(|(what, took)| format!("{what} {took:.2?}")).collect();
+        write!(f, "waited for {}", steps.join(", "))
+    }
 }
 
 /// Tells the leader the cap is gone. A lost ack costs the recaller a lease at most.
@@ -233,5 +277,23 @@ async fn ack(sh: &Shared, session: SessionId, r: CapRef) {
     let op = MetaOp::CapsReleased { released: vec![r] };
     if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
         tracing::warn!("acking the recall of inode {}: {e}", r.ino);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_recall_is_told_step_by_step() {
+        let mut steps = RecallSteps::new();
+        std::thread::sleep(Duration::from_millis(20));
+        steps.mark("users of the cap");
+        steps.mark("the ack");
+        let text = steps.to_string();
+        assert!(text.starts_with("waited for users of the cap "), "{text}");
+        assert!(text.contains(", the ack "), "{text}");
+        assert!(steps.total() >= Duration::from_millis(20));
+        assert!(steps.took[0].1 >= Duration::from_millis(20) && steps.took[1].1 < steps.took[0].1);
     }
 }
