@@ -19,6 +19,8 @@ while [ $# -gt 0 ]; do
         *) args+=("$1"); shift ;;
     esac
 done
-mkdir -p "$dir" "$mnt"
+mkdir -p "$dir"
+# A dead mount left by a killed `stoa dev` fails mkdir (ENOTCONN); stoa detaches it.
+mountpoint -q "$mnt" || mkdir -p "$mnt"
 cargo build --release --quiet --bin stoa
 exec target/release/stoa dev --dir "$dir" --mount "$mnt" "${args[@]}"
