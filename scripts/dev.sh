@@ -21,6 +21,6 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$dir"
 # A dead mount left by a killed `stoa dev` fails mkdir (ENOTCONN); stoa detaches it.
-mountpoint -q "$mnt" || mkdir -p "$mnt"
+[ -e "$mnt" ] || grep -qs " $mnt fuse" /proc/mounts || mkdir -p "$mnt"
 cargo build --release --quiet --bin stoa
 exec target/release/stoa dev --dir "$dir" --mount "$mnt" "${args[@]}"

@@ -342,6 +342,8 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
     match std::fs::metadata(&args.mount) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => bail!("mount point {} is not a directory", args.mount.display()),
+        // A dead FUSE mount left by a killed `stoa dev`: the mount detaches it.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(()),
         Err(e) => Err(anyhow!("mount point {}: {e}", args.mount.display())),
     }
 }
