@@ -31,7 +31,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stoa_datadir::DirLock;
+use stoa_datadir::{DirLock, SERVER_LOCK};
 use stoa_net::{MetaClient, Pool};
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse};
 use stoa_types::{FsError, RequestId, SessionId};
@@ -137,7 +137,7 @@ impl Running {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
             ChunkError::Config(format!("data_dir: create {}: {e}", cfg.data_dir.display()))
         })?;
-        let lock = DirLock::acquire(&cfg.data_dir, "LOCK")?;
+        let lock = DirLock::acquire(&cfg.data_dir, SERVER_LOCK)?;
         let dir = cfg.data_dir.clone();
         let engine = tokio::task::spawn_blocking(move || Engine::open(&dir))
             .await

@@ -6,6 +6,9 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
+/// The lock file a server (`stoa meta`, `stoa chunk`) takes in its data directory.
+pub const SERVER_LOCK: &str = "LOCK";
+
 /// Why the lock could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum DirLockError {

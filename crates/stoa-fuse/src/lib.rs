@@ -26,6 +26,7 @@ mod mountpoint;
 mod names;
 
 pub use error::FuseError;
+pub use mountpoint::prepare as prepare_mount_point;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use std::future::Future;

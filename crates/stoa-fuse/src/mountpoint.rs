@@ -29,9 +29,24 @@ pub fn prepare(path: &Path) -> Result<PathBuf, FuseError> {
         .canonicalize()
         .map_err(|source| FuseError::MountPoint { path: path.into(), source })?;
     if is_fuse_mount(&path) {
-        return Err(FuseError::Busy(path));
+        // Just after its client died, a dead mount may still answer `stat` from the
+        // kernel's attribute cache; `statfs` always asks the client.
+        if !is_dead(&path) {
+            return Err(FuseError::Busy(path));
+        }
+        tracing::warn!("{} is a dead FUSE mount; detaching it", path.display());
+        detach(&path)?;
     }
     Ok(path)
+}
+
+/// Whether the FUSE mount at `path` has lost its client (`statfs` fails with ENOTCONN).
+fn is_dead(path: &Path) -> bool {
+    let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else { return false };
+    let mut buf = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c_path` is NUL-terminated and `buf` is large enough for the result.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), buf.as_mut_ptr()) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 /// Lazily unmounts `path`: it leaves the namespace now and goes away when unused.

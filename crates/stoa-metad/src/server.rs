@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
-use stoa_datadir::DirLock;
+use stoa_datadir::{DirLock, SERVER_LOCK};
 use stoa_net::Pool;
 use stoa_types::BLOCK_SIZE_BYTES;
 use tokio::task::JoinHandle;
@@ -67,7 +67,7 @@ impl Server {
             move || -> Result<_, MetadError> {
                 std::fs::create_dir_all(&dir)
                     .map_err(|source| MetadError::DataDir { path: dir.clone(), source })?;
-                let lock = DirLock::acquire(&dir, "LOCK")?;
+                let lock = DirLock::acquire(&dir, SERVER_LOCK)?;
                 Ok((lock, ClusterIdentity::load(&dir)?))
             }
         })

@@ -83,6 +83,11 @@ fn a_busy_mount_point_and_a_foreign_data_directory_are_refused() {
     let mnt = second.mnt.display().to_string();
     let err = fails(&["mount", "--dir", &dir, &mnt]);
     assert!(err.contains("busy") || err.contains("already mounted"), "{err}");
+    // `stoa dev` refuses a live mount before it starts a node or makes its directory.
+    let other = second.dir.with_file_name("other");
+    let err = fails(&["dev", "--dir", &other.display().to_string(), "--mount", &mnt]);
+    assert!(err.contains("busy"), "{err}");
+    assert!(!other.exists(), "a refused stoa dev made {}", other.display());
 
     let meta = second.node("meta", 1)["addr"].as_str().unwrap().to_string();
     let err = fails(&[
@@ -98,6 +103,21 @@ fn a_busy_mount_point_and_a_foreign_data_directory_are_refused() {
     // The refused server changed nothing: the mount still works.
     std::fs::write(second.mnt.join("ok"), b"fine").unwrap();
     assert_eq!(std::fs::read(second.mnt.join("ok")).unwrap(), b"fine");
+}
+
+#[test]
+fn a_killed_dev_cluster_starts_again_over_its_dead_mount() {
+    let mut dev = Dev::start(1, 1);
+    std::fs::write(dev.mnt.join("kept"), b"before the kill").unwrap();
+    sh(&format!("sync {}", dev.mnt.join("kept").display()));
+    dev.crash();
+    // Just after the kill the dead mount may still answer `stat` from the kernel's cache;
+    // it must be detached all the same.
+    dev.launch();
+    common::eventually(60, "the new mount serves the file", || {
+        std::fs::read(dev.mnt.join("kept")).is_ok_and(|b| b == b"before the kill")
+    });
+    assert!(dev.dev_log().contains("dead FUSE mount; detaching it"), "{}", dev.dev_log());
 }
 
 /// The chunk files of every replica of chunk 0 of inode `ino`.

@@ -1,7 +1,8 @@
 //! `stoa dev`: a whole cluster on one machine, mounted, in the foreground.
 //!
 //! ```text
-//!  lock DIR -> layout (ports, fixed at first run) -> spawn meta x N, chunk x M
+//!  lock DIR -> layout (ports, fixed at first run) -> wait for the nodes of a killed run
+//!    -> spawn meta x N, chunk x M
 //!    -> DIR/cluster.json -> wait for quorum and chains -> mount (until SIGINT/SIGTERM)
 //!    -> unmount -> stop chunk servers, then meta -> remove DIR/cluster.json
 //! ```
@@ -19,7 +20,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use stoa_datadir::{DirLock, DirLockError};
+use stoa_datadir::{DirLock, DirLockError, SERVER_LOCK};
 use stoa_fuse::MountConfig;
 use tokio::sync::watch;
 
@@ -160,6 +161,42 @@ fn lock_dir(dir: &Path) -> anyhow::Result<DirLock> {
     })
 }
 
+/// How long a new `stoa dev` waits for the nodes of a killed one to stop.
+const OLD_NODES_WAIT: Duration = Duration::from_secs(30);
+
+/// The data directory of node `id` with `role` (`meta` or `chunk`).
+fn node_dir(dir: &Path, role: &str, id: u64) -> PathBuf {
+    dir.join(format!("{role}-{id}"))
+}
+
+/// The nodes of a `stoa dev` killed with SIGKILL stop on their own (parent-death signal),
+/// but a meta replica can take seconds to. Waits, at most [`OLD_NODES_WAIT`], until no
+/// process holds a node's data directory, so that a restart right after a kill starts.
+fn wait_for_old_nodes(dir: &Path, layout: &Layout) -> anyhow::Result<()> {
+    let metas = (1..=layout.meta_ports.len() as u64).map(|id| node_dir(dir, "meta", id));
+    let chunks = (1..=layout.chunk_ports.len() as u64).map(|id| node_dir(dir, "chunk", id));
+    let deadline = Instant::now() + OLD_NODES_WAIT;
+    let mut told = false;
+    for data in metas.chain(chunks).filter(|d| d.is_dir()) {
+        loop {
+            match DirLock::acquire(&data, SERVER_LOCK) {
+                Ok(_) => break,
+                Err(DirLockError::Busy { .. }) if Instant::now() < deadline => {
+                    if !told {
+                        eprintln!(
+                            "stoa dev: waiting for the nodes of an earlier `stoa dev` to stop"
+                        );
+                        told = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One running child node.
 struct Node {
     entry: NodeEntry,
@@ -195,7 +232,7 @@ fn spawn_node(
     let child = cmd.spawn().with_context(|| format!("start {role} {id}"))?;
     let mut line = vec![exe.display().to_string()];
     line.extend(args);
-    let data_dir = dir.join(format!("{role}-{id}"));
+    let data_dir = node_dir(dir, role, id);
     let entry =
         NodeEntry { id, role: role.into(), pid: child.id(), addr, data_dir, log, cmd: line };
     Ok(Node { entry, child })
@@ -217,7 +254,7 @@ fn spawn_all(dir: &Path, layout: &Layout, tuning: &Args) -> anyhow::Result<Vec<N
     let mut nodes = Vec::new();
     for (i, addr) in metas.iter().enumerate() {
         let id = i as u64 + 1;
-        let data = dir.join(format!("meta-{id}"));
+        let data = node_dir(dir, "meta", id);
         let mut args = vec![
             "meta".to_string(),
             format!("--id={id}"),
@@ -237,7 +274,7 @@ fn spawn_all(dir: &Path, layout: &Layout, tuning: &Args) -> anyhow::Result<Vec<N
     for (j, port) in layout.chunk_ports.iter().enumerate() {
         let id = j as u64 + 1;
         let addr = loopback(*port);
-        let data = dir.join(format!("chunk-{id}"));
+        let data = node_dir(dir, "chunk", id);
         let mut args = vec![
             "chunk".to_string(),
             format!("--listen={addr}"),
@@ -339,13 +376,10 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
     if !(1..=64).contains(&args.chunk) {
         bail!("--chunk must be 1..=64, got {}", args.chunk);
     }
-    match std::fs::metadata(&args.mount) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => bail!("mount point {} is not a directory", args.mount.display()),
-        // A dead FUSE mount left by a killed `stoa dev`: the mount detaches it.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(()),
-        Err(e) => Err(anyhow!("mount point {}: {e}", args.mount.display())),
-    }
+    // Before any node starts: a dead FUSE mount left by a killed `stoa dev` is detached
+    // here, a live one refused.
+    stoa_fuse::prepare_mount_point(&args.mount)?;
+    Ok(())
 }
 
 pub fn main(args: Args) -> anyhow::Result<()> {
@@ -353,6 +387,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("create {}", args.dir.display()))?;
     let _lock = lock_dir(&args.dir)?;
     let layout = Layout::load_or_create(&args.dir, args.meta, args.chunk)?;
+    wait_for_old_nodes(&args.dir, &layout)?;
     let rt = crate::signal::runtime()?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let signals = rt.block_on(async { crate::signal::shutdown() })?;

@@ -110,6 +110,14 @@ impl Dev {
         std::fs::read_to_string(self.dir.join("../dev.log")).unwrap_or_default()
     }
 
+    /// Kills `stoa dev` with SIGKILL and waits for it: its nodes stop with it (their
+    /// parent-death signal), its mount stays behind, dead.
+    pub fn crash(&mut self) {
+        let mut dev = self.dev.take().expect("stoa dev is not running");
+        dev.kill().unwrap();
+        dev.wait().unwrap();
+    }
+
     /// Stops `stoa dev` with SIGTERM, as Ctrl-C would, and waits for it.
     pub fn stop(&mut self) {
         for mut c in self.restarted.drain(..) {
