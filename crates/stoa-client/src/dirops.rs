@@ -217,7 +217,7 @@ impl Client {
             open: new.open,
             at,
         };
-        queue(&self.sh, op, Some(generation));
+        queue(&self.sh, op, &[parent, ino], Some(generation));
         drop(reserved);
         Some(Ok(attr))
     }
@@ -254,7 +254,8 @@ impl Client {
         let at = Timestamp::now();
         let change = Change::Removed { child, dir, at, keep };
         let generation = self.sh.caps.record_change(parent, name, change)?;
-        queue(&self.sh, BatchOp::Remove { parent, name: name.to_vec(), dir, at }, Some(generation));
+        let op = BatchOp::Remove { parent, name: name.to_vec(), dir, at };
+        queue(&self.sh, op, &[parent, child], Some(generation));
         send_released(&self.sh);
         Some(Ok(()))
     }
@@ -313,7 +314,8 @@ impl Client {
             new_name: new_name.to_vec(),
             at,
         };
-        queue(&self.sh, op, Some(generation));
+        // The directories, the file moved and the file replaced.
+        queue(&self.sh, op, &pinned, Some(generation));
         send_released(&self.sh);
         Some(Ok(()))
     }
@@ -329,7 +331,7 @@ impl Client {
         let _pin = self.pin(&[ino]).await;
         match self.sh.caps.held_in(ino, CapMode::Shared) {
             Some(generation) => {
-                queue(&self.sh, BatchOp::Open { ino }, Some(generation));
+                queue(&self.sh, BatchOp::Open { ino }, &[ino], Some(generation));
                 true
             }
             None => false,
@@ -339,7 +341,7 @@ impl Client {
     /// Queues, in order with this client's other changes, telling meta that it closed
     /// its last handle of `ino`; returns the change's backlog number.
     pub(crate) fn queue_release(&self, ino: InodeId) -> u64 {
-        queue(&self.sh, BatchOp::Release { ino }, None)
+        queue(&self.sh, BatchOp::Release { ino }, &[ino], None)
     }
 
     /// Takes back queued change `number` if it has not left yet; whether it had not.
@@ -473,30 +475,31 @@ impl Lane {
     }
 }
 
-/// Queues namespace change `op` for meta and starts a sender if none runs; returns its
-/// backlog number.
-fn queue(sh: &Arc<Shared>, op: BatchOp, generation: Option<u64>) -> u64 {
+/// Queues namespace change `op`, which names the inodes `named` (a recall of one of them
+/// waits for it), for meta and starts a sender if none runs; returns its backlog number.
+fn queue(sh: &Arc<Shared>, op: BatchOp, named: &[InodeId], generation: Option<u64>) -> u64 {
     let entries = !matches!(op, BatchOp::Open { .. } | BatchOp::Release { .. });
-    let number = enqueue(sh, Lane::Namespace, Op::Change(op), generation);
+    let backlog = &sh.session.backlog;
+    let number = enqueue(sh, Lane::Namespace, Op::Change(op), 0, generation);
+    backlog.note_names(number, named);
     if entries {
-        sh.session.backlog.note_entries_change(number);
+        backlog.note_entries_change(number);
     }
     number
 }
 
-/// Queues size commit `commit`, made under caps generation `generation`, after every
-/// namespace change queued so far; returns its number in the commit log.
+/// Queues size commit `commit`, made under caps generation `generation`, after the
+/// queued namespace changes naming its file (its create first of all); returns its
+/// number in the commit log.
 pub(crate) fn queue_commit(sh: &Arc<Shared>, commit: Commit, generation: u64) -> u64 {
-    enqueue(sh, Lane::Commits, Op::Commit(commit), Some(generation))
+    let after = sh.session.backlog.last_naming(commit.ino);
+    enqueue(sh, Lane::Commits, Op::Commit(commit), after, Some(generation))
 }
 
-fn enqueue(sh: &Arc<Shared>, lane: Lane, op: Op, generation: Option<u64>) -> u64 {
+/// Queues `op` in `lane`, to be sent after namespace change `after` has its answer.
+fn enqueue(sh: &Arc<Shared>, lane: Lane, op: Op, after: u64, generation: Option<u64>) -> u64 {
     let (queue, log) = lane.parts(sh);
     let mut q = queue.lock().expect("dirops queue lock poisoned");
-    let after = match lane {
-        Lane::Namespace => 0,
-        Lane::Commits => sh.session.backlog.queued(),
-    };
     // Numbered under the queue's lock, so numbers follow the queue's order.
     let number = log.queue();
     q.ops.push(Queued { number, after, op, generation, cancelled: false });

@@ -11,13 +11,13 @@
 //! has released everything it held; the client opens a new session and carries on, and
 //! handles opened under the old one answer `EIO` (see `Client`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 use stoa_net::{MetaClient, Pool};
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse, SessionGrant, ANSWERS_KEPT};
-use stoa_types::{Attr, FsError, RequestId, SessionId};
+use stoa_types::{Attr, FsError, InodeId, RequestId, SessionId};
 
 /// How long one meta call keeps retrying failover and elections before it gives up.
 const META_DEADLINE: Duration = Duration::from_secs(30);
@@ -224,6 +224,10 @@ pub(crate) struct Backlog {
     /// a rename; not an open or a release).
     entries: AtomicU64,
     done: AtomicU64,
+    /// Per inode, the number of the last queued change that names it (creates it,
+    /// removes or renames it, changes its entries, opens or releases it), until meta
+    /// answered that change.
+    naming: Mutex<HashMap<InodeId, u64>>,
     changed: tokio::sync::Notify,
     /// Calls waiting for the whole backlog: the sender gathers no more changes then.
     urgent: std::sync::atomic::AtomicUsize,
@@ -237,19 +241,32 @@ impl Backlog {
         self.queued.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    /// The number of the last change queued.
-    pub fn queued(&self) -> u64 {
-        self.queued.load(Ordering::Acquire)
-    }
-
     /// Change `number` changes directory entries.
     pub fn note_entries_change(&self, number: u64) {
         self.entries.fetch_max(number, Ordering::AcqRel);
     }
 
+    /// Change `number` names the inodes `inos`.
+    pub fn note_names(&self, number: u64, inos: &[InodeId]) {
+        let mut naming = self.naming.lock().expect("backlog lock poisoned");
+        for &ino in inos {
+            let last = naming.entry(ino).or_default();
+            *last = (*last).max(number);
+        }
+    }
+
+    /// The number of the last queued change naming `ino` that meta has not answered
+    /// yet; 0 if there is none.
+    pub fn last_naming(&self, ino: InodeId) -> u64 {
+        let naming = self.naming.lock().expect("backlog lock poisoned");
+        naming.get(&ino).copied().filter(|&n| n > self.done.load(Ordering::Acquire)).unwrap_or(0)
+    }
+
     /// Every change up to number `upto` has its answer.
     pub fn done(&self, upto: u64) {
         self.done.fetch_max(upto, Ordering::AcqRel);
+        let done = self.done.load(Ordering::Acquire);
+        self.naming.lock().expect("backlog lock poisoned").retain(|_, n| *n > done);
         self.changed.notify_waiters();
     }
 
@@ -269,6 +286,12 @@ impl Backlog {
     /// Waits until every change queued so far has its answer.
     pub async fn wait_all(&self) {
         self.wait_urgently(self.queued.load(Ordering::Acquire)).await;
+    }
+
+    /// Waits until every queued change naming `ino` has its answer (and so every change
+    /// queued before those: answers come in order).
+    pub async fn wait_naming(&self, ino: InodeId) {
+        self.wait_urgently(self.last_naming(ino)).await;
     }
 
     /// Waits until every change of directory entries queued so far has its answer.

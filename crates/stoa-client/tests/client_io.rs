@@ -453,3 +453,44 @@ async fn a_lookup_waits_for_no_queued_open_or_release() {
     cluster.hold_batches.store(false, Ordering::SeqCst);
     wait_released(&cluster, ino).await;
 }
+
+/// A recall's ack waits for the queued changes that name its inode (here a file's open,
+/// which must reach meta before the file can go: caps.md invariant 19), not for changes
+/// of other inodes: a batch held up at a meta leader that lost its place held every
+/// recall of the mount behind it (FAULT_TESTS.md, the `--seed 36` stall).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_waits_only_for_the_queued_changes_naming_its_inode() {
+    let (cluster, client) = setup().await;
+    let (a, b) = (new_file(&client, b"a").await, new_file(&client, b"b").await);
+    client.lookup(InodeId::ROOT, b"a").await.unwrap();
+    client.lookup(InodeId::ROOT, b"b").await.unwrap();
+    cluster.hold_batches.store(true, Ordering::SeqCst);
+    // Queued behind the held batch: it holds a cap on the file.
+    let fh = client.open(b).await.unwrap();
+    let recall = |ino: InodeId| {
+        let seq = cluster.state.lock().unwrap().granted[&ino.0];
+        let recall = stoa_proto::CapRef { ino, seq };
+        cluster.state.lock().unwrap().recalls.push(recall);
+        recall
+    };
+    let acked = |r: stoa_proto::CapRef| {
+        let state = cluster.state.clone();
+        async move {
+            while !state.lock().unwrap().released.contains(&r) {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+    };
+    let other = recall(a);
+    tokio::time::timeout(std::time::Duration::from_secs(10), acked(other))
+        .await
+        .expect("the recall of a file waited for the queued open of another");
+    let own = recall(b);
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), acked(own)).await;
+    assert!(early.is_err(), "the recall of a file was acked before its queued open was sent");
+    assert!(!cluster.state.lock().unwrap().opens.contains(&b.0));
+    cluster.hold_batches.store(false, Ordering::SeqCst);
+    tokio::time::timeout(std::time::Duration::from_secs(10), acked(own)).await.unwrap();
+    assert!(cluster.state.lock().unwrap().opens.contains(&b.0), "acked before the open applied");
+    client.release(fh).await.unwrap();
+}

@@ -191,9 +191,11 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
         let _alone = gate.write().await;
         steps.mark("users of the cap");
         let dropped = sh.caps.begin_recall(r);
-        // Changes this client made itself under the cap (creates in a directory it held)
-        // reach meta before the ack lets anyone else look.
-        sh.session.backlog.wait_all().await;
+        // Changes this client made itself under the cap (creates in a directory it held,
+        // the file's open) reach meta before the ack lets anyone else look; changes that
+        // name other inodes need not (another client that looks at those recalls their
+        // caps), and may be held up at a meta leader that lost its place.
+        sh.session.backlog.wait_naming(r.ino).await;
         steps.mark("namespace changes queued");
         if dropped.is_some() {
             if let Some(file) = sh.open_file(r.ino) {
