@@ -19,6 +19,7 @@
 //! leader's term) or most of a lease has passed, and grants nothing and answers no
 //! mutation meanwhile.
 
+use crate::raft::Role;
 use crate::service::Node;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,6 +36,12 @@ pub(crate) const POLL_HOLD: Duration = Duration::from_millis(1000);
 const MIN_HOLD: Duration = Duration::from_millis(5);
 /// How often a recall looks at its holders again while waiting.
 const RECALL_RECHECK: Duration = Duration::from_millis(50);
+/// How long a recall waits for its ack before it is queued again. A poll answer that
+/// carried it may never have reached the client (a call the client gave up while the
+/// leader held it), and a recall is queued only once: a grant waited for the client's
+/// 15 s timeout so (FAULT_TESTS.md, `--seed 36`). A client answers a repeat as it does
+/// every repeated recall (it acks, and drops only the grant named).
+const RECALL_RESEND: Duration = Duration::from_secs(2);
 /// How long a grant may wait for a client that waits for it before it is refused.
 const CYCLE_PATIENCE: Duration = Duration::from_millis(300);
 /// How often a call waiting for the grace period checks it.
@@ -514,13 +521,15 @@ struct Waiter<'a> {
 
 /// Recalls the grants in `targets`, all at once, and waits until each is acked or its
 /// holder's lease ran out; a grant is refused when a holder waits for the waiter's own
-/// client ([`CapTable::in_cycle`]).
+/// client ([`CapTable::in_cycle`]), and the wait ends with `NotLeader` when this
+/// replica stops leading the term it began in.
 async fn recall(
     node: &Node,
     targets: Vec<(InodeId, SessionId, Holder)>,
     waiter: Waiter<'_>,
 ) -> Result<(), FsError> {
     let lease = node.raft.session_lease();
+    let term = node.raft.view().term;
     for (ino, session, holder) in &targets {
         let ready = holder.granted_at + MIN_HOLD;
         if ready > Instant::now() {
@@ -533,6 +542,7 @@ async fn recall(
         let wait = node.caps.start_wait(waiter, session, ino);
         let mut cycle_since = None;
         let waiting_since = Instant::now();
+        let mut queued_at = waiting_since;
         let mut reported = false;
         loop {
             let released = node.caps.released.notified();
@@ -587,6 +597,19 @@ async fn recall(
                     waiting_since.elapsed().as_secs_f64(),
                     holder.seq
                 );
+            }
+            // A replica that lost its place waits for acks that go to the new leader,
+            // and its caller with it (a fault run's grant waited out its call's timeout
+            // at an old leader cut off one way): the caller retries at the leader, whose
+            // table the holders reasserted their caps in.
+            let view = node.raft.view();
+            if view.role != Role::Leader || view.term != term {
+                return Err(FsError::NotLeader { leader: view.leader, addr: view.leader_addr });
+            }
+            if queued_at.elapsed() >= RECALL_RESEND {
+                tracing::debug!("recalling the cap of session {session} on inode {ino} again");
+                node.caps.queue_recall(session, ino, holder.seq);
+                queued_at = Instant::now();
             }
             let _ = tokio::time::timeout(RECALL_RECHECK, released).await;
         }
@@ -846,22 +869,26 @@ pub(crate) async fn take_dir(
 /// files no name leads to any more (purging strays, deleting chunks).
 pub(crate) async fn recall_all(node: &Node, inodes: &[InodeId]) -> Result<(), FsError> {
     await_grace(node).await?;
-    recall_touched(node, SessionId(0), inodes).await;
-    Ok(())
+    recall_touched(node, SessionId(0), inodes).await
 }
 
 /// Recalls every other session's caps on `inodes` (after `session` changed them), all
-/// at once, and waits for the acks.
-pub(crate) async fn recall_touched(node: &Node, session: SessionId, inodes: &[InodeId]) {
+/// at once, and waits for the acks. Never refused (only grants are, see
+/// [`CapTable::in_cycle`]): fails only when this replica stops leading.
+pub(crate) async fn recall_touched(
+    node: &Node,
+    session: SessionId,
+    inodes: &[InodeId],
+) -> Result<(), FsError> {
     let waiter = Waiter { session, works_on: inodes, refusable: false };
     let targets: Vec<_> = inodes
         .iter()
         .flat_map(|&ino| node.caps.others(ino, session).into_iter().map(move |(o, h)| (ino, o, h)))
         .collect();
-    if !targets.is_empty() {
-        // Never refused: only grants are (see `CapTable::in_cycle`).
-        let _ = recall(node, targets, waiter).await;
+    if targets.is_empty() {
+        return Ok(());
     }
+    recall(node, targets, waiter).await
 }
 
 #[cfg(test)]

@@ -135,7 +135,14 @@ impl Node {
             _ => {}
         }
         if answer.is_ok() {
-            caps::recall_touched(self, session, &touched.inodes).await;
+            // Fails only when this replica stopped leading meanwhile: the change is made
+            // and answered; the holders' caps live on at the new leader (caps.md, known
+            // limits).
+            if let Err(e) = caps::recall_touched(self, session, &touched.inodes).await {
+                tracing::warn!(
+                    "a change was made, but recalling the cached copies of others failed: {e}"
+                );
+            }
         }
         if closing {
             self.caps.drop_session(session);

@@ -1,6 +1,7 @@
 //! Session leases kept by the leader, and reads served by followers.
 
 use super::*;
+use stoa_proto::{CapMode, CapRef};
 
 fn req(session: SessionId, req_id: u64, op: MetaOp) -> MetaRequest {
     MetaRequest { session, req_id: RequestId(req_id), op }
@@ -112,4 +113,95 @@ async fn a_new_leader_refuses_take_dir_in_its_grace_period_without_waiting() {
         assert!(Instant::now() < deadline, "never granted after the grace period");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A recall whose poll answer never reached its client (a call the client gave up while
+/// the leader held it) is queued again until it is acked: the grant waiting for it
+/// waited for its caller's whole timeout before (FAULT_TESTS.md, `--seed 36`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_whose_answer_was_lost_is_sent_again() {
+    // A lease the waiting session, which never renews, outlives.
+    let cluster = Cluster::start(1, Tuning { session_lease_ms: 8000, ..test_tuning() }).await;
+    cluster.leader().await;
+    let client = cluster.client_all();
+    let (holder, waiter) = (open_session(&client).await, open_session(&client).await);
+    let ino = create(&client, holder, 1, "f").await;
+    let caps = move |session| {
+        req(session, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Exclusive })
+    };
+    let seq = match client.call(caps(holder)).await.unwrap() {
+        MetaResponse::Caps { seq, .. } => seq,
+        other => panic!("GetCaps answered {other:?}"),
+    };
+    let poll = |term| {
+        let client = client.clone();
+        async move {
+            let op = MetaOp::CapEvents { held: vec![], term };
+            match client.call_leader(req(holder, 0, op), Duration::from_secs(5)).await.unwrap() {
+                MetaResponse::CapEvents { recalls, term } => (recalls, term),
+                other => panic!("CapEvents answered {other:?}"),
+            }
+        }
+    };
+    // The first poll learns the term; the holder has reasserted with the second.
+    let (_, term) = poll(0).await;
+    poll(term).await;
+    let wanted = tokio::spawn({
+        let client = client.clone();
+        async move { client.call_leader(caps(waiter), Duration::from_secs(15)).await }
+    });
+    let recall = CapRef { ino, seq };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (recalls, _) = poll(term).await;
+        if recalls.contains(&recall) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the recall never came");
+        renew(&client, holder).await.unwrap();
+    }
+    // That answer is lost: the holder never sees it, and keeps renewing and polling.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        renew(&client, holder).await.unwrap();
+        let (recalls, _) = poll(term).await;
+        if recalls.contains(&recall) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a recall whose answer was lost never came again");
+    }
+    assert!(!wanted.is_finished(), "granted before the holder acked");
+    let ack = MetaOp::CapsReleased { released: vec![recall] };
+    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(5), wanted).await.unwrap().unwrap();
+    assert!(matches!(granted, Ok(MetaResponse::Caps { .. })), "{granted:?}");
+}
+
+/// A grant waiting at a leader for a recall's ack ends with `NotLeader` when that leader
+/// loses its place, so that its client retries at the new leader: the acks go there. A
+/// fault run's grant waited out its call's 15 s at a leader cut off one way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_waiting_at_a_leader_that_loses_its_place_is_sent_elsewhere() {
+    // A lease the silent holder keeps for the whole test: only the lost place ends the wait.
+    let mut cluster = Cluster::start(3, Tuning { session_lease_ms: 30_000, ..test_tuning() }).await;
+    let leader = cluster.leader().await;
+    let client = cluster.client_all();
+    let (holder, waiter) = (open_session(&client).await, open_session(&client).await);
+    let ino = create(&client, holder, 1, "f").await;
+    let caps = move |session| {
+        req(session, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Exclusive })
+    };
+    client.call(caps(holder)).await.unwrap();
+    let node = cluster.server(leader).node.clone();
+    let wanted = tokio::spawn(async move { node.meta(caps(waiter)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!wanted.is_finished(), "granted while the holder still held it");
+    for i in (0..3).filter(|&i| i != leader) {
+        cluster.stop(i).await;
+    }
+    let answer = tokio::time::timeout(Duration::from_secs(15), wanted)
+        .await
+        .expect("the grant still waits at a replica that no longer leads")
+        .unwrap();
+    assert!(matches!(answer, Err(FsError::NotLeader { .. })), "{answer:?}");
 }
