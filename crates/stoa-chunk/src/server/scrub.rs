@@ -4,7 +4,7 @@
 //! before a second failure could make it the only copy.
 //!
 //! ```text
-//!  loop: list chunks --> per chunk: verify (paced to scrub_bytes_per_sec)
+//!  loop: list chunks --> from a random one on, per chunk: verify (paced to scrub_bytes_per_sec)
 //!        Checksum --> ReportCorrupt to meta --> lock chunk --> FetchChunk (a member)
 //!                 --> install over ours (forced) --> corrupt_repaired += 1
 //! ```
@@ -62,7 +62,7 @@ impl Server {
                 }
                 continue;
             }
-            let chunks = match self.disk(|e| e.list_sized()).await {
+            let mut chunks = match self.disk(|e| e.list_sized()).await {
                 Ok(chunks) => chunks,
                 Err(e) => {
                     tracing::warn!("scrubber: listing the chunk store: {e}");
@@ -70,6 +70,13 @@ impl Server {
                     continue;
                 }
             };
+            // The servers of a chain hold the same chunks, list them in the same order and
+            // start together: from one place, all three read the same chunk at the same
+            // moment, pass after pass.
+            if !chunks.is_empty() {
+                let start = rand::random::<usize>() % chunks.len();
+                chunks.rotate_left(start);
+            }
             let started = Instant::now();
             let mut paced = 0u64;
             let mut damaged = 0u64;
