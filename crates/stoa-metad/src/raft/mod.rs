@@ -36,6 +36,9 @@ use stoa_net::Pool;
 use stoa_proto::{MetaResponse, RaftRequest};
 use stoa_types::{FsError, NodeId};
 
+/// How often a call only a leader answers checks that this replica still leads.
+const LEADING_RECHECK: Duration = Duration::from_millis(50);
+
 pub(crate) use sm::SmReader;
 
 openraft::declare_raft_types!(
@@ -235,9 +238,12 @@ impl MetaRaft {
     }
 
     /// Replicates `cmd` and returns the state machine's answer. Only the leader accepts;
-    /// elsewhere this is `NotLeader` with the leader, if known.
+    /// elsewhere this is `NotLeader` with the leader, if known. After a `NotLeader` of a
+    /// leader that lost its place ([`MetaRaft::while_leading`]) the entry may still be
+    /// committed by the next leader; a retried call is answered once (requests are
+    /// deduplicated).
     pub async fn propose(&self, cmd: Command) -> Result<MetaResponse, FsError> {
-        match self.raft.client_write(cmd).await {
+        match self.while_leading(self.raft.client_write(cmd)).await? {
             Ok(resp) => resp.data,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(not_leader(f)),
             Err(e) => Err(unavailable(e)),
@@ -247,7 +253,7 @@ impl MetaRaft {
     /// Waits until this replica, as leader, has applied everything committed before the
     /// call (Raft ReadIndex), so that a read afterwards is linearizable.
     pub async fn linearize(&self) -> Result<(), FsError> {
-        match self.raft.ensure_linearizable().await {
+        match self.while_leading(self.raft.ensure_linearizable()).await? {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
             Err(e) => Err(unavailable(e)),
@@ -261,10 +267,35 @@ impl MetaRaft {
     ///
     /// [`linearize`]: MetaRaft::linearize
     pub async fn read_index(&self) -> Result<u64, FsError> {
-        match self.raft.get_read_log_id().await {
+        match self.while_leading(self.raft.get_read_log_id()).await? {
             Ok((read, _applied)) => Ok(read.map_or(0, |l| l.index)),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
             Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Runs `work`, a call only a leader answers, and gives it up with `NotLeader` once
+    /// this replica no longer leads the term it began in, in openraft's view or in ours
+    /// ([`Role::Isolated`]: no quorum answered it lately). Openraft answers such a call
+    /// when its entry is committed or overwritten, or when a quorum answers; a leader cut
+    /// off one way still counts itself leader until the cut heals, and its callers waited
+    /// for their call timeout (fault runs: a 3 s stall after each meta leader partition).
+    async fn while_leading<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T, FsError> {
+        let term = self.raft.metrics().borrow().current_term;
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return Ok(done),
+                () = tokio::time::sleep(LEADING_RECHECK) => {
+                    let view = self.view();
+                    if view.role != Role::Leader || view.term != term {
+                        return Err(FsError::NotLeader { leader: view.leader, addr: view.leader_addr });
+                    }
+                }
+            }
         }
     }
 
@@ -374,6 +405,11 @@ impl MetaRaft {
     pub fn compaction(&self) -> (Option<u64>, Option<u64>) {
         let m = self.raft.metrics().borrow().clone();
         (m.snapshot.map(|l| l.index), m.purged.map(|l| l.index))
+    }
+
+    /// The leader this replica knows of, read without building a whole [`RaftView`].
+    pub fn known_leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader.map(NodeId)
     }
 
     /// A receiver that wakes on every change of the Raft state.
