@@ -601,9 +601,18 @@ async fn recall(
             // A replica that lost its place waits for acks that go to the new leader,
             // and its caller with it (a fault run's grant waited out its call's timeout
             // at an old leader cut off one way): the caller retries at the leader, whose
-            // table the holders reasserted their caps in.
+            // table the holders reasserted their caps in. A grant gives up as soon as
+            // no quorum answers this replica; a change already made, or the leader's own
+            // purge, only once Raft elected another leader: a leader that missed its
+            // quorum for a moment (a loaded machine) still gets the acks, and such a
+            // change must not be answered before them.
             let view = node.raft.view();
-            if view.role != Role::Leader || view.term != term {
+            let leads = match view.role {
+                Role::Leader => true,
+                Role::Isolated => !waiter.refusable,
+                _ => false,
+            };
+            if !leads || view.term != term {
                 return Err(FsError::NotLeader { leader: view.leader, addr: view.leader_addr });
             }
             if queued_at.elapsed() >= RECALL_RESEND {
