@@ -14,7 +14,7 @@ use crate::Pool;
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse, Request, Response};
 use stoa_types::{FsError, RequestId, SessionId};
@@ -31,6 +31,11 @@ const NONE: usize = usize::MAX;
 /// waiting for a recall, the events long poll) checks this often that the replica still
 /// answers and leads, and moves on when it does not.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long a replica that did not answer in time is passed over when the client moves
+/// on from another one, unless every replica failed: moving on in a ring otherwise came
+/// back to an unreachable old leader during an election, and a call waited for it a
+/// second time (a meta leader partition stalled a create 6.5 s so).
+const PASS_OVER: Duration = Duration::from_secs(5);
 
 /// A caller of the meta service over a list of replica addresses.
 #[derive(Clone)]
@@ -41,6 +46,8 @@ pub struct MetaClient {
     current: Arc<AtomicUsize>,
     /// The replica believed to lead, where mutations go; `NONE` when unknown.
     leader: Arc<AtomicUsize>,
+    /// Per replica, until when it is passed over (it did not answer in time).
+    passed_over: Arc<Mutex<Vec<Option<Instant>>>>,
     /// How long a call keeps retrying retryable errors before it gives up with them.
     deadline: Duration,
 }
@@ -51,12 +58,14 @@ impl MetaClient {
     pub fn new(pool: Pool, addrs: Vec<SocketAddr>, deadline: Duration) -> MetaClient {
         assert!(!addrs.is_empty(), "a meta client needs at least one address");
         // Clients start on different replicas, so that their reads spread.
-        let start = std::process::id() as usize % addrs.len();
+        let n = addrs.len();
+        let start = std::process::id() as usize % n;
         MetaClient {
             pool,
             addrs: Arc::new(addrs),
             current: Arc::new(AtomicUsize::new(start)),
             leader: Arc::new(AtomicUsize::new(NONE)),
+            passed_over: Arc::new(Mutex::new(vec![None; n])),
             deadline,
         }
     }
@@ -165,23 +174,30 @@ impl MetaClient {
             _ => {
                 // Unreachable, timed out, or stopping: drop the connection (it may lead
                 // to a frozen peer) and move on.
-                self.pool.forget(self.addrs[index % self.addrs.len()]);
+                let index = index % self.addrs.len();
+                self.pool.forget(self.addrs[index]);
+                self.passed_over.lock().expect("passed-over lock poisoned")[index] =
+                    Some(Instant::now() + PASS_OVER);
                 self.next_replica(index, failed_in_a_row)
             }
         }
     }
 
     /// Moves reads off replica `index` (also after a failed call to the leader: when
-    /// reads went to that replica too, the retry must not wait for it a second time);
-    /// returns whether to wait first, which is only after every replica failed once in
-    /// a row.
+    /// reads went to that replica too, the retry must not wait for it a second time), to
+    /// the next one not passed over ([`PASS_OVER`]), or the next one if all are; returns
+    /// whether to wait first, which is only after every replica failed once in a row.
     fn next_replica(&self, index: usize, failed_in_a_row: &mut usize) -> bool {
-        let _ = self.current.compare_exchange(
-            index,
-            (index + 1) % self.addrs.len(),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let n = self.addrs.len();
+        let next = {
+            let now = Instant::now();
+            let passed_over = self.passed_over.lock().expect("passed-over lock poisoned");
+            (1..n)
+                .map(|step| (index + step) % n)
+                .find(|&i| passed_over[i].is_none_or(|until| until <= now))
+                .unwrap_or((index + 1) % n)
+        };
+        let _ = self.current.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
         *failed_in_a_row += 1;
         failed_in_a_row.is_multiple_of(self.addrs.len())
     }
@@ -331,6 +347,32 @@ mod tests {
             op: MetaOp::GetAttr { ino: stoa_types::InodeId(1) },
         };
         assert_eq!(client.call(read).await, Ok(MetaResponse::Done));
+        assert_eq!(client.current.load(Ordering::Relaxed), 2);
+    }
+
+    /// Found by the fault tests (meta leader partition): during the election, a replica
+    /// without a leader sent the client on in a ring, back to the unreachable old leader,
+    /// which a read waited for a second time.
+    #[tokio::test]
+    async fn a_replica_that_did_not_answer_is_passed_over_for_a_while() {
+        let (leaderless, _) =
+            replica(Some(Err(FsError::NotLeader { leader: None, addr: None }))).await;
+        let (silent, silent_calls) = replica(None).await;
+        let (good, _) = replica(Some(Ok(Response::Meta(MetaResponse::Done)))).await;
+        let client =
+            MetaClient::new(Pool::new(), vec![leaderless, silent, good], Duration::from_secs(60));
+        let read = || MetaRequest {
+            session: SessionId(0),
+            req_id: RequestId(0),
+            op: MetaOp::GetAttr { ino: stoa_types::InodeId(1) },
+        };
+        client.current.store(1, Ordering::Relaxed);
+        assert_eq!(client.call(read()).await, Ok(MetaResponse::Done));
+        assert_eq!(silent_calls.calls.load(Ordering::SeqCst), 1);
+        // From the replica without a leader, the next is the silent one: passed over.
+        client.current.store(0, Ordering::Relaxed);
+        assert_eq!(client.call(read()).await, Ok(MetaResponse::Done));
+        assert_eq!(silent_calls.calls.load(Ordering::SeqCst), 1, "asked the silent one again");
         assert_eq!(client.current.load(Ordering::Relaxed), 2);
     }
 }
