@@ -12,8 +12,7 @@ pub fn prepare(path: &Path) -> Result<PathBuf, FuseError> {
     let meta = match std::fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            tracing::warn!("{} is a dead FUSE mount; detaching it", path.display());
-            detach(path)?;
+            detach_dead(path)?;
             std::fs::metadata(path)
                 .map_err(|source| FuseError::MountPoint { path: path.into(), source })?
         }
@@ -34,10 +33,15 @@ pub fn prepare(path: &Path) -> Result<PathBuf, FuseError> {
         if !is_dead(&path) {
             return Err(FuseError::Busy(path));
         }
-        tracing::warn!("{} is a dead FUSE mount; detaching it", path.display());
-        detach(&path)?;
+        detach_dead(&path)?;
     }
     Ok(path)
+}
+
+/// Detaches the dead FUSE mount at `path`, saying so.
+fn detach_dead(path: &Path) -> Result<(), FuseError> {
+    tracing::warn!("{} is a dead FUSE mount; detaching it", path.display());
+    detach(path)
 }
 
 /// Whether the FUSE mount at `path` has lost its client (`statfs` fails with ENOTCONN).

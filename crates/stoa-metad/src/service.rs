@@ -302,24 +302,13 @@ impl Node {
             (Some(leader), Some(addr)) if leader != self.id() => (leader, addr),
             _ => return Err(FsError::NotLeader { leader: None, addr: None }),
         };
-        let call = self.call_meta(addr, req, timeout);
-        tokio::pin!(call);
         // A leader cut off one way takes calls and its answers never come back: the
         // call is given up as soon as this replica learns of another leader (or leads),
         // and the caller retries there. Before, it waited for the whole forward timeout
         // (fault runs: 5 s stalls after every meta leader partition).
-        let mut changes = self.raft.subscribe();
-        let mut watching = true;
-        let answer = loop {
-            if self.raft.known_leader().is_some_and(|l| l != leader) {
-                let now = self.raft.view();
-                break Err(FsError::NotLeader { leader: now.leader, addr: now.leader_addr });
-            }
-            tokio::select! {
-                answer = &mut call => break answer,
-                alive = changes.changed(), if watching => watching = alive,
-            }
-        };
+        let call = self.call_meta(addr, req, timeout);
+        let another = |view: &RaftView| view.leader.is_some_and(|l| l != leader);
+        let answer = self.raft.unless(call, another).await.and_then(|answer| answer);
         answer.inspect_err(|e| {
             tracing::debug!("forwarding to leader {leader} at {addr} failed: {e}");
         })

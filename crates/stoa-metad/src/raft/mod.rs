@@ -36,7 +36,8 @@ use stoa_net::Pool;
 use stoa_proto::{MetaResponse, RaftRequest};
 use stoa_types::{FsError, NodeId};
 
-/// How often a call only a leader answers checks that this replica still leads.
+/// How often a call that only holds while the leader stays (a call only the leader
+/// answers, a call forwarded to it) checks the replica's view.
 const LEADING_RECHECK: Duration = Duration::from_millis(50);
 
 pub(crate) use sm::SmReader;
@@ -285,13 +286,24 @@ impl MetaRaft {
         work: impl std::future::Future<Output = T>,
     ) -> Result<T, FsError> {
         let term = self.raft.metrics().borrow().current_term;
+        self.unless(work, move |view| view.role != Role::Leader || view.term != term).await
+    }
+
+    /// Runs `work` until it ends, or until this replica's view, checked every
+    /// [`LEADING_RECHECK`], shows `lost`: then `NotLeader`, with the leader this replica
+    /// knows, so that the caller retries there.
+    pub async fn unless<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+        lost: impl Fn(&RaftView) -> bool,
+    ) -> Result<T, FsError> {
         tokio::pin!(work);
         loop {
             tokio::select! {
                 done = &mut work => return Ok(done),
                 () = tokio::time::sleep(LEADING_RECHECK) => {
                     let view = self.view();
-                    if view.role != Role::Leader || view.term != term {
+                    if lost(&view) {
                         return Err(FsError::NotLeader { leader: view.leader, addr: view.leader_addr });
                     }
                 }
@@ -405,11 +417,6 @@ impl MetaRaft {
     pub fn compaction(&self) -> (Option<u64>, Option<u64>) {
         let m = self.raft.metrics().borrow().clone();
         (m.snapshot.map(|l| l.index), m.purged.map(|l| l.index))
-    }
-
-    /// The leader this replica knows of, read without building a whole [`RaftView`].
-    pub fn known_leader(&self) -> Option<NodeId> {
-        self.raft.metrics().borrow().current_leader.map(NodeId)
     }
 
     /// A receiver that wakes on every change of the Raft state.
