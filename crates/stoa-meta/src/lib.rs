@@ -43,6 +43,7 @@ pub use ops::xattr::{XATTR_CREATE, XATTR_NAME_LEN_MAX, XATTR_REPLACE};
 pub use store::{ChunkServerRecord, ClusterInfo, FORMAT_VERSION};
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use stoa_proto::{MetaOp, MetaRequest, MetaResponse};
 use stoa_types::{ChainId, ChainTable, ClusterId, FsError, InodeId, NodeId, SessionId, Timestamp};
 
@@ -172,6 +173,18 @@ pub fn session_is_open(kv: &impl KvRead, session: SessionId) -> Result<bool, FsE
 /// Every open session, for the leader's lease keeping.
 pub fn sessions(kv: &impl KvRead) -> Result<Vec<SessionId>, FsError> {
     ops::session::list(kv)
+}
+
+/// The current version of each of `inodes` that exists, for a new leader checking the
+/// caps a client reasserts against what changed since it cached them.
+pub fn versions(kv: &impl KvRead, inodes: &[InodeId]) -> Result<HashMap<InodeId, u64>, FsError> {
+    let mut found = HashMap::with_capacity(inodes.len());
+    for &ino in inodes {
+        if let Some(rec) = store::find_inode(kv, ino)? {
+            found.insert(ino, rec.attr.version);
+        }
+    }
+    Ok(found)
 }
 
 /// Runs `op` over an overlay of `kv` and keeps its writes only if it succeeds.

@@ -361,11 +361,16 @@ impl CapTable {
     /// with the term, and the session counts as reasserted only on its next poll: the
     /// client takes that list after it learned the term, and from then on caches no grant
     /// of an older term.
+    ///
+    /// `versions` holds the current version of each held inode that exists (read only
+    /// when [`CapTable::reasserting`] said so): a reasserted cap whose inode changed
+    /// since its client began caching it is recalled at once.
     fn poll_now(
         &self,
         session: SessionId,
         held: &[HeldCap],
         client_term: u64,
+        versions: &HashMap<InodeId, u64>,
     ) -> Result<Polled, FsError> {
         let mut s = self.lock();
         let s = &mut *s;
@@ -375,7 +380,7 @@ impl CapTable {
         }
         let term = s.term;
         if !s.streams.get(&session).is_some_and(|st| st.known) {
-            reassert(s, session, held);
+            reassert(s, session, held, versions);
             if client_term == term {
                 s.streams.entry(session).or_default().known = true;
             } else {
@@ -390,14 +395,20 @@ impl CapTable {
         Ok(Polled::Wait(stream.wake.clone(), term))
     }
 
+    /// Whether a poll of `session` now would be taken as its reassertion.
+    pub fn reasserting(&self, session: SessionId) -> bool {
+        !self.lock().streams.get(&session).is_some_and(|st| st.known)
+    }
+
     /// [`CapTable::poll_now`], then the hold.
     pub async fn poll(
         &self,
         session: SessionId,
         held: &[HeldCap],
         client_term: u64,
+        versions: &HashMap<InodeId, u64>,
     ) -> Result<(Vec<CapRef>, u64), FsError> {
-        let (wake, term) = match self.poll_now(session, held, client_term)? {
+        let (wake, term) = match self.poll_now(session, held, client_term, versions)? {
             Polled::Answer(recalls, term) => return Ok((recalls, term)),
             Polled::Wait(wake, term) => (wake, term),
         };
@@ -414,16 +425,25 @@ enum Polled {
     Wait(Arc<Notify>, u64),
 }
 
-/// Records the caps `session` says it holds from an earlier leader. One that conflicts
-/// with what this leader already granted (possible only after the grace period ran out)
-/// is recalled at once, and recorded all the same: its client uses it until it acks, so
-/// a later conflicting grant must wait for that ack too.
-fn reassert(s: &mut State, session: SessionId, held: &[HeldCap]) {
+/// Records the caps `session` says it holds from an earlier leader, given the current
+/// `versions` of their inodes. One is recalled at once, and recorded all the same (its
+/// client uses it until it acks, so a later conflicting grant waits for that ack too),
+/// when:
+/// - it conflicts with what this leader already granted (possible only after the grace
+///   period ran out);
+/// - its inode changed, or is gone, since its client began caching it: an earlier
+///   leader made a change and lost its place before the holder acked its recall. The
+///   change's own retry here recalls what it touches; this covers what its retry cannot
+///   name (an unlinked file) and a caller that never retries. A client's own changes
+///   count too: a spare recall after a failover costs a cache refill.
+fn reassert(s: &mut State, session: SessionId, held: &[HeldCap], versions: &HashMap<InodeId, u64>) {
     let long_ago = s.elapsed_origin();
     let mut recalls = Vec::new();
     for cap in held {
         let holders = s.inodes.entry(cap.ino).or_default();
-        if holders.iter().any(|(o, h)| *o != session && conflicts(h.mode, cap.mode)) {
+        let clashes = holders.iter().any(|(o, h)| *o != session && conflicts(h.mode, cap.mode));
+        let changed = versions.get(&cap.ino).is_none_or(|&now| now > cap.version);
+        if clashes || changed {
             recalls.push(CapRef { ino: cap.ino, seq: cap.seq });
         }
         // A session reasserts more than once, and may hold a newer grant of this leader
@@ -656,17 +676,21 @@ pub(crate) async fn get_caps(
     // The client's call works on the inode (a read or write holds its pages locked in
     // the kernel), or on the directory it looks a name up in.
     let waiter = Waiter { session, works_on: &[ino], refusable: true };
-    let (target, dir_seq) = match name {
-        None => (ino, 0),
+    let (target, dir_seq, dir_version) = match name {
+        None => (ino, 0, 0),
         Some(name) => {
             // The directory's entries: Shared never conflicts on a directory, which is
             // never granted Exclusive. Registered before the lookup reads them.
             let dir_seq = grant(node, waiter, ino, CapMode::Shared).await?;
             node.raft.linearize().await?;
             let op = MetaOp::Lookup { parent: ino, name };
-            match node.raft.read(move |kv| stoa_meta::read(kv, &op)).await? {
-                MetaResponse::Attr(attr) => (attr.ino, dir_seq),
-                other => return Err(FsError::Protocol(format!("lookup answered {other:?}"))),
+            let read = move |kv: &_| {
+                let dir = stoa_meta::versions(kv, &[ino])?.get(&ino).copied();
+                Ok((dir.ok_or(FsError::NotFound)?, stoa_meta::read(kv, &op)?))
+            };
+            match node.raft.read(read).await? {
+                (dir_version, MetaResponse::Attr(attr)) => (attr.ino, dir_seq, dir_version),
+                (_, other) => return Err(FsError::Protocol(format!("lookup answered {other:?}"))),
             }
         }
     };
@@ -687,7 +711,7 @@ pub(crate) async fn get_caps(
     }
     let held = node.caps.lock().inodes.get(&target).and_then(|h| h.get(&session)).map(|h| h.mode);
     let mode = held.unwrap_or(mode);
-    Ok(MetaResponse::Caps { attr, mode, seq, dir_seq })
+    Ok(MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version })
 }
 
 /// What a mutation changes: the inodes whose cached state it changes (their holders in
@@ -992,17 +1016,28 @@ mod tests {
         });
     }
 
+    fn held(ino: InodeId, mode: CapMode, seq: u64) -> HeldCap {
+        HeldCap { ino, mode, seq, version: 1 }
+    }
+
+    /// The current versions of `inodes`: each as its cap was taken.
+    fn unchanged(inodes: &[InodeId]) -> HashMap<InodeId, u64> {
+        inodes.iter().map(|&ino| (ino, 1)).collect()
+    }
+
     #[test]
     fn a_reasserted_cap_blocks_others_and_a_clashing_one_is_recalled() {
         let t = CapTable::default();
         t.restart(4);
         {
             let mut s = t.lock();
-            reassert(&mut s, A, &[HeldCap { ino: X, mode: CapMode::Exclusive, seq: 7 }]);
-            reassert(&mut s, B, &[HeldCap { ino: X, mode: CapMode::Shared, seq: 9 }]);
+            let now = unchanged(&[X]);
+            reassert(&mut s, A, &[held(X, CapMode::Exclusive, 7)], &now);
+            assert!(s.streams.get(&A).is_none_or(|st| st.queue.is_empty()));
+            reassert(&mut s, B, &[held(X, CapMode::Shared, 9)], &now);
             assert_eq!(s.streams[&B].queue, vec![CapRef { ino: X, seq: 9 }]);
             // Reasserting again never takes a newer grant back to an older one.
-            reassert(&mut s, A, &[HeldCap { ino: X, mode: CapMode::Shared, seq: 3 }]);
+            reassert(&mut s, A, &[held(X, CapMode::Shared, 3)], &now);
             let a = s.inodes[&X][&A];
             assert_eq!((a.mode, a.seq), (CapMode::Exclusive, 7));
         }
@@ -1014,6 +1049,30 @@ mod tests {
         assert_eq!(blocking.len(), 2);
         t.release(B, &[CapRef { ino: X, seq: 9 }]);
         assert_eq!(t.try_register(SessionId(3), X, CapMode::Exclusive).unwrap_err().len(), 1);
+    }
+
+    /// An earlier leader changed an inode and lost its place before the holder acked
+    /// the recall: the holder's reassertion names the version it cached, older than the
+    /// inode's, and the new leader recalls the cap at once (and of an inode gone since),
+    /// keeping it recorded until the ack.
+    #[test]
+    fn a_reasserted_cap_on_an_inode_changed_since_is_recalled() {
+        const GONE: InodeId = InodeId(11);
+        const KEPT: InodeId = InodeId(12);
+        let t = CapTable::default();
+        t.restart(5);
+        let now = HashMap::from([(X, 3), (KEPT, 1)]);
+        let caps = [
+            held(X, CapMode::Shared, 7),
+            held(GONE, CapMode::Shared, 8),
+            held(KEPT, CapMode::Shared, 9),
+        ];
+        reassert(&mut t.lock(), A, &caps, &now);
+        let queued = t.lock().streams[&A].queue.clone();
+        assert_eq!(queued, vec![CapRef { ino: X, seq: 7 }, CapRef { ino: GONE, seq: 8 }]);
+        assert!(t.try_register(B, X, CapMode::Exclusive).is_err(), "recorded until the ack");
+        t.release(A, &[CapRef { ino: X, seq: 7 }]);
+        assert!(t.try_register(B, X, CapMode::Exclusive).is_ok());
     }
 
     #[test]
@@ -1063,26 +1122,28 @@ mod tests {
         t.opened(A);
         t.queue_recall(A, X, 5);
         t.queue_recall(A, X, 5);
-        assert_eq!(t.poll(A, &[], 1).await.unwrap(), (vec![CapRef { ino: X, seq: 5 }], 1));
+        let polled = t.poll(A, &[], 1, &HashMap::new()).await.unwrap();
+        assert_eq!(polled, (vec![CapRef { ino: X, seq: 5 }], 1));
     }
 
     #[tokio::test]
     async fn a_session_has_reasserted_only_once_a_poll_names_the_term() {
         let t = CapTable::default();
         t.restart(2);
-        let held = [HeldCap { ino: X, mode: CapMode::Shared, seq: 7 }];
+        let late = held(InodeId(11), CapMode::Exclusive, 8);
+        let held = [held(X, CapMode::Shared, 7)];
+        let now = unchanged(&[X, late.ino]);
         // A list from before the client heard of this leader: taken, answered at once,
         // but not yet the whole of what the session may cache.
-        let (recalls, term) = t.poll(A, &held, 1).await.unwrap();
+        let (recalls, term) = t.poll(A, &held, 1, &now).await.unwrap();
         assert_eq!((recalls, term), (vec![], 2));
         assert!(!t.lock().streams[&A].known);
         assert!(t.try_register(B, X, CapMode::Exclusive).is_err(), "the cap is recorded");
         // The next list, taken after the client learned the term, completes it.
-        let late = HeldCap { ino: InodeId(11), mode: CapMode::Exclusive, seq: 8 };
-        assert!(matches!(t.poll_now(A, &[held[0], late], 2), Ok(Polled::Wait(_, 2))));
+        assert!(matches!(t.poll_now(A, &[held[0], late], 2, &now), Ok(Polled::Wait(_, 2))));
         assert!(t.lock().streams[&A].known);
         assert!(t.try_register(B, InodeId(11), CapMode::Shared).is_err());
         // A client that heard from a newer leader is told this one no longer leads.
-        assert!(matches!(t.poll(A, &[], 3).await, Err(FsError::NotLeader { .. })));
+        assert!(matches!(t.poll(A, &[], 3, &now).await, Err(FsError::NotLeader { .. })));
     }
 }

@@ -18,6 +18,7 @@ use crate::liveness::{Liveness, DOWN_AFTER};
 use crate::raft::{MetaRaft, RaftView, Role};
 use crate::MetaConfig;
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -25,7 +26,7 @@ use std::time::Duration;
 use stoa_meta::Command;
 use stoa_net::{Handler, Pool};
 use stoa_proto::{BatchOp, MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
-use stoa_types::{FsError, NodeId, RequestId, SessionId, StatFs, Timestamp};
+use stoa_types::{FsError, InodeId, NodeId, RequestId, SessionId, StatFs, Timestamp};
 
 /// How long a forwarded request may take at the leader.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -123,6 +124,7 @@ impl Node {
             self.caps.register_created(session, &created.collect::<Vec<_>>());
         }
         let closing = matches!(req.op, MetaOp::CloseSession);
+        let numbered = session.0 != 0 && req.req_id.0 != 0;
         let answer = self.raft.propose(Command::Client { req, now: Timestamp::now() }).await;
         // Any call of a session shows that its client is alive, and a new session starts
         // its lease now rather than at this leader's election.
@@ -135,10 +137,15 @@ impl Node {
             _ => {}
         }
         if answer.is_ok() {
-            // Fails only when this replica stopped leading meanwhile: the change is made
-            // and answered; the holders' caps live on at the new leader (caps.md, known
-            // limits).
+            // Fails only when this replica stopped leading meanwhile. The change is made,
+            // but other sessions may still cache what it changed: the caller retries at
+            // the new leader, which answers the same request once more (it is numbered)
+            // after recalling the caps the holders reassert there (caps.md, "A change
+            // made just before its leader loses its place").
             if let Err(e) = caps::recall_touched(self, session, &touched.inodes).await {
+                if numbered {
+                    return Err(e);
+                }
                 tracing::warn!(
                     "a change was made, but recalling the cached copies of others failed: {e}"
                 );
@@ -169,7 +176,14 @@ impl Node {
                 // grace period (docs/flows/caps.md, invariant 8).
                 self.raft.linearize().await?;
                 self.renew(req.session).await?;
-                let (recalls, term) = self.caps.poll(req.session, &held, term).await?;
+                let versions = match self.caps.reasserting(req.session) {
+                    true => {
+                        let inodes: Vec<InodeId> = held.iter().map(|cap| cap.ino).collect();
+                        self.raft.read(move |kv| stoa_meta::versions(kv, &inodes)).await?
+                    }
+                    false => HashMap::new(),
+                };
+                let (recalls, term) = self.caps.poll(req.session, &held, term, &versions).await?;
                 Ok(MetaResponse::CapEvents { recalls, term })
             }
             MetaOp::CapsReleased { released } => {

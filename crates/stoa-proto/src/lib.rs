@@ -45,7 +45,9 @@ use stoa_types::FsError;
 /// `ListChunks` answers a content digest per chunk.
 /// 5: the status answer carries the replica count.
 /// 6: the status answer carries the count of deleted files whose chunks are not freed yet.
-pub const PROTOCOL_VERSION: u8 = 6;
+/// 7: held caps carry the inode version their cache began at; grants of a lookup carry
+/// the directory's version.
+pub const PROTOCOL_VERSION: u8 = 7;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

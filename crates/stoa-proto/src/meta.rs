@@ -360,12 +360,17 @@ pub enum CapMode {
     Exclusive,
 }
 
-/// One cap a client holds: the inode, its mode, and the sequence number of its grant.
+/// One cap a client holds: the inode, its mode, the sequence number of its grant, and
+/// the inode's version when the client began caching it (the version its first grant
+/// since it last dropped the cap answered; 0 when not known). A new leader recalls a
+/// reasserted cap whose inode changed since: the change's leader may have lost its place
+/// before it recalled it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldCap {
     pub ino: InodeId,
     pub mode: CapMode,
     pub seq: u64,
+    pub version: u64,
 }
 
 /// A grant named by inode and sequence number: what a recall takes back and an ack
@@ -515,13 +520,14 @@ pub enum MetaResponse {
         leader: Option<SocketAddr>,
     },
     /// A grant: `mode` on `attr.ino` as of `seq`, and for a lookup `Shared` on the
-    /// directory as of `dir_seq` (0 otherwise). `attr` is read after every conflicting
-    /// holder let go.
+    /// directory as of `dir_seq`, with the directory's version then (both 0 otherwise).
+    /// `attr` is read after every conflicting holder let go.
     Caps {
         attr: Attr,
         mode: CapMode,
         seq: u64,
         dir_seq: u64,
+        dir_version: u64,
     },
     /// Recalls queued for the polling session (empty when the hold ran out first), and
     /// the leader's term.

@@ -84,6 +84,10 @@ pub trait KernelCache: Send + Sync {
 struct Held {
     mode: CapMode,
     seq: u64,
+    /// The inode's version when this client began caching it: what the first grant
+    /// since the cap was last dropped answered (0 when not known). A new leader recalls
+    /// the cap if the inode changed since (caps.md, invariant 8).
+    since: u64,
     attr: Option<Attr>,
     /// Names looked up in this directory under the cap, and their inodes.
     names: HashMap<Vec<u8>, InodeId>,
@@ -470,7 +474,8 @@ impl Caps {
             return false;
         }
         let listing = grant.entries.iter().map(|e| (e.name.clone(), (e.ino, e.kind))).collect();
-        let h = t.held.entry(ino).or_insert_with(empty_held);
+        let h =
+            t.held.entry(ino).or_insert_with(|| Held { since: grant.attr.version, ..empty_held() });
         h.mode = CapMode::Exclusive;
         h.seq = h.seq.max(grant.seq);
         keep_newest(h, &grant.attr, sent);
@@ -514,7 +519,8 @@ impl Caps {
                 let (ino, listing) = (attr.ino, (attr.kind == FileKind::Dir).then(HashMap::new));
                 let mode = CapMode::Exclusive;
                 let used = t.tick;
-                let held = Held { mode, attr: Some(attr), listing, used, ..empty_held() };
+                let since = attr.version;
+                let held = Held { mode, since, attr: Some(attr), listing, used, ..empty_held() };
                 t.held.insert(ino, held);
             }
             Change::Removed { child, at, keep, .. } => match keep {
@@ -614,7 +620,8 @@ impl Caps {
         let mut stored = false;
         let used = t.tick;
         if !late(&t, grant.attr.ino, grant.seq) {
-            let held = Held { mode: grant.mode, seq: grant.seq, ..empty_held() };
+            let since = grant.attr.version;
+            let held = Held { mode: grant.mode, seq: grant.seq, since, ..empty_held() };
             let h = t.held.entry(grant.attr.ino).or_insert(held);
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
@@ -624,7 +631,7 @@ impl Caps {
         }
         if let Some((parent, name)) = dir {
             if stored && !late(&t, parent, grant.dir_seq) {
-                let held = Held { seq: grant.dir_seq, ..empty_held() };
+                let held = Held { seq: grant.dir_seq, since: grant.dir_version, ..empty_held() };
                 let h = t.held.entry(parent).or_insert(held);
                 h.seq = h.seq.max(grant.dir_seq);
                 h.used = used;
@@ -638,7 +645,12 @@ impl Caps {
     /// leader takes it as reassertion).
     fn held_list(&self) -> (Vec<HeldCap>, u64) {
         let t = self.lock();
-        let held = t.held.iter().map(|(ino, h)| HeldCap { ino: *ino, mode: h.mode, seq: h.seq });
+        let held = t.held.iter().map(|(&ino, h)| HeldCap {
+            ino,
+            mode: h.mode,
+            seq: h.seq,
+            version: h.since,
+        });
         (held.collect(), t.term)
     }
 
@@ -801,8 +813,9 @@ struct Grant {
     attr: Attr,
     mode: CapMode,
     seq: u64,
-    /// The directory's grant, for a lookup.
+    /// The directory's grant, for a lookup, and the directory's version then.
     dir_seq: u64,
+    dir_version: u64,
     /// The [`Caps::epoch`] the grant was asked for at.
     sent: u64,
 }
@@ -844,8 +857,8 @@ impl Client {
         let sent = Instant::now();
         let epoch = self.sh.caps.epoch();
         let grant = match self.sh.session.call_leader(op, lease + GRANT_TIMEOUT_EXTRA).await? {
-            MetaResponse::Caps { attr, mode, seq, dir_seq } => {
-                Grant { attr, mode, seq, dir_seq, sent: epoch }
+            MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version } => {
+                Grant { attr, mode, seq, dir_seq, dir_version, sent: epoch }
             }
             other => return Err(unexpected("GetCaps", &other)),
         };
@@ -1015,6 +1028,7 @@ fn empty_held() -> Held {
     Held {
         mode: CapMode::Shared,
         seq: 0,
+        since: 0,
         attr: None,
         names: HashMap::new(),
         kernel_names: false,
@@ -1063,8 +1077,42 @@ mod tests {
     }
 
     fn looked_up(caps: &Caps, name: &[u8], child: InodeId, seq: u64, dir_seq: u64) {
-        let grant = Grant { attr: attr(child), mode: CapMode::Shared, seq, dir_seq, sent: 0 };
+        let grant = Grant {
+            attr: attr(child),
+            mode: CapMode::Shared,
+            seq,
+            dir_seq,
+            dir_version: 0,
+            sent: 0,
+        };
         assert!(caps.store(&grant, Some((DIR, name))));
+    }
+
+    /// A reassertion names, for each cap, the inode's version when this client began
+    /// caching it, not a later one: what it cached from the start may be older than what
+    /// a later answer showed, and a new leader recalls the cap when the inode changed
+    /// since (caps.md, invariant 8).
+    #[test]
+    fn a_held_cap_names_the_version_its_cache_began_at() {
+        const X: InodeId = InodeId(5);
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let grant = |version, seq, dir_seq| {
+            let attr = Attr { version, ..attr(X) };
+            Grant { attr, mode: CapMode::Shared, seq, dir_seq, dir_version: 7, sent: 0 }
+        };
+        let version_of = |ino| {
+            let (held, _) = caps.held_list();
+            held.iter().find(|cap| cap.ino == ino).map(|cap| cap.version)
+        };
+        assert!(caps.store(&grant(4, cap_seq(1, 1), cap_seq(1, 2)), Some((DIR, b"x"))));
+        assert_eq!((version_of(X), version_of(DIR)), (Some(4), Some(7)));
+        assert!(caps.store(&grant(9, cap_seq(1, 3), 0), None));
+        assert_eq!(version_of(X), Some(4), "a later grant's version hides older caches");
+        assert!(caps.begin_recall(CapRef { ino: X, seq: cap_seq(1, 3) }).is_some());
+        assert_eq!(version_of(X), None);
+        assert!(caps.store(&grant(9, cap_seq(1, 4), 0), None));
+        assert_eq!(version_of(X), Some(9), "a cache begun afresh");
     }
 
     /// The leader recalled the directory's grant (another mount renamed `n0` away) while
@@ -1254,7 +1302,14 @@ mod tests {
         assert_eq!(std::mem::take(&mut caps.lock().released), want);
         assert!(caps.cached_attr(kept).is_some(), "an open file keeps its cap");
         let seq = cap_seq(1, 9);
-        let late = Grant { attr: attr(gone), mode: CapMode::Shared, seq, dir_seq: 0, sent: 0 };
+        let late = Grant {
+            attr: attr(gone),
+            mode: CapMode::Shared,
+            seq,
+            dir_seq: 0,
+            dir_version: 0,
+            sent: 0,
+        };
         assert!(!caps.store(&late, None), "a grant of a file given back is not cached");
         assert!(caps.cached_attr(gone).is_none());
     }
@@ -1272,7 +1327,14 @@ mod tests {
         let mut linked = attr(file);
         linked.nlink = 2;
         let seq = cap_seq(1, 1);
-        let grant = Grant { attr: linked.clone(), mode: CapMode::Shared, seq, dir_seq: 0, sent: 0 };
+        let grant = Grant {
+            attr: linked.clone(),
+            mode: CapMode::Shared,
+            seq,
+            dir_seq: 0,
+            dir_version: 0,
+            sent: 0,
+        };
         assert!(caps.store(&grant, None));
         let before = caps.epoch();
         caps.forget(&[file], &[]);
@@ -1281,8 +1343,14 @@ mod tests {
         caps.update_attr(committed.clone(), before);
         assert!(caps.cached_attr(file).is_none(), "a commit sent before the unlink");
         let seq = cap_seq(1, 2);
-        let late =
-            Grant { attr: committed.clone(), mode: CapMode::Shared, seq, dir_seq: 0, sent: before };
+        let late = Grant {
+            attr: committed.clone(),
+            mode: CapMode::Shared,
+            seq,
+            dir_seq: 0,
+            dir_version: 0,
+            sent: before,
+        };
         assert!(caps.store(&late, None));
         assert!(caps.cached_attr(file).is_none(), "a grant asked for before the unlink");
         let mut unlinked = committed;

@@ -361,6 +361,7 @@ impl Handler {
             MetaOp::CloseSession => MetaResponse::Done,
             // One client: every cap is granted at once; only a test recalls.
             MetaOp::GetCaps { ino, name, mode } => {
+                let dir_version = st.attrs.get(&ino.0).map_or(0, |dir| dir.version);
                 let ino = match name {
                     None => ino.0,
                     Some(name) => *st
@@ -374,7 +375,7 @@ impl Handler {
                 let seq = st.cap_seq;
                 st.granted.insert(ino, seq);
                 let attr = st.attrs.get(&ino).cloned().ok_or(FsError::NotFound)?;
-                MetaResponse::Caps { attr, mode, seq: st.cap_seq, dir_seq: st.cap_seq }
+                MetaResponse::Caps { attr, mode, seq, dir_seq: seq, dir_version }
             }
             MetaOp::CapEvents { .. } => {
                 MetaResponse::CapEvents { recalls: std::mem::take(&mut st.recalls), term: 0 }

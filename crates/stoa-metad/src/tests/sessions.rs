@@ -1,7 +1,8 @@
 //! Session leases kept by the leader, and reads served by followers.
 
 use super::*;
-use stoa_proto::{CapMode, CapRef};
+use stoa_proto::{CapMode, CapRef, HeldCap};
+use stoa_types::SetAttr;
 
 fn req(session: SessionId, req_id: u64, op: MetaOp) -> MetaRequest {
     MetaRequest { session, req_id: RequestId(req_id), op }
@@ -204,4 +205,73 @@ async fn a_grant_waiting_at_a_leader_that_loses_its_place_is_sent_elsewhere() {
         .expect("the grant still waits at a replica that no longer leads")
         .unwrap();
     assert!(matches!(answer, Err(FsError::NotLeader { .. })), "{answer:?}");
+}
+
+/// A change committed just before its leader lost its place, while it waited for the
+/// others' acks, is answered `NotLeader`, not done: its caller retries at the new leader,
+/// which answers the same request once more only after the holders, who reasserted their
+/// caps there, dropped what they cached. Answered done, the holder kept serving the state
+/// from before the change (caps.md, until 2026-11-27 a known limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_them_elsewhere() {
+    // A lease the silent holder keeps for the whole test: only the lost place ends the wait.
+    let mut cluster = Cluster::start(3, Tuning { session_lease_ms: 30_000, ..test_tuning() }).await;
+    let old = cluster.leader().await;
+    let client = cluster.client_all();
+    let (holder, changer) = (open_session(&client).await, open_session(&client).await);
+    let ino = create(&client, holder, 1, "f").await;
+    let shared = req(holder, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Shared });
+    let (seq, version) = match client.call(shared).await.unwrap() {
+        MetaResponse::Caps { seq, attr, .. } => (seq, attr.version),
+        other => panic!("GetCaps answered {other:?}"),
+    };
+    let set = SetAttr { perm: Some(0o600), ..SetAttr::default() };
+    let chmod = req(changer, 1, MetaOp::SetAttr { ino, set });
+    let node = cluster.server(old).node.clone();
+    let first = tokio::spawn({
+        let chmod = chmod.clone();
+        async move { node.meta(chmod).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!first.is_finished(), "answered while the holder still cached the old mode");
+    cluster.stop(old).await;
+    let answer = tokio::time::timeout(Duration::from_secs(15), first).await.unwrap().unwrap();
+    assert!(matches!(answer, Err(FsError::NotLeader { .. })), "{answer:?}");
+
+    cluster.leader().await;
+    let poll = |session, held: Vec<HeldCap>, term| {
+        let client = client.clone();
+        async move {
+            let op = MetaOp::CapEvents { held, term };
+            match client.call_leader(req(session, 0, op), Duration::from_secs(5)).await.unwrap() {
+                MetaResponse::CapEvents { recalls, term } => (recalls, term),
+                other => panic!("CapEvents answered {other:?}"),
+            }
+        }
+    };
+    // Each session learns the new term, then reasserts what it holds.
+    let held = vec![HeldCap { ino, mode: CapMode::Shared, seq, version }];
+    let (_, term) = poll(holder, held.clone(), 0).await;
+    poll(changer, vec![], 0).await;
+    poll(changer, vec![], term).await;
+    let recall = CapRef { ino, seq };
+    let (recalls, _) = poll(holder, held, term).await;
+    let retried = tokio::spawn({
+        let client = client.clone();
+        async move { client.call(chmod).await }
+    });
+    let mut recalled = recalls.contains(&recall);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !recalled {
+        assert!(Instant::now() < deadline, "the new leader never recalled the holder's cap");
+        recalled = poll(holder, vec![], term).await.0.contains(&recall);
+    }
+    assert!(!retried.is_finished(), "the retry was answered before the holder acked");
+    let ack = MetaOp::CapsReleased { released: vec![recall] };
+    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), retried).await.unwrap().unwrap();
+    match answer {
+        Ok(MetaResponse::Attr(attr)) => assert_eq!(attr.perm, 0o600),
+        other => panic!("the retried chmod answered {other:?}"),
+    }
 }
