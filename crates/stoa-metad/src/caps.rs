@@ -82,6 +82,19 @@ struct Stream {
     wake: Arc<Notify>,
     /// Whether the session has reasserted its caps with this leader (or is new).
     known: bool,
+    /// The newest poll number seen, and the recalls handed to that poll: a retry of it
+    /// (its earlier attempt's answer may be lost) gets them again.
+    last_poll: u64,
+    handed: Vec<CapRef>,
+}
+
+impl Stream {
+    /// Takes the queued recalls as the answer to the newest poll.
+    fn hand_out(&mut self) -> Vec<CapRef> {
+        let recalls = std::mem::take(&mut self.queue);
+        self.handed.extend_from_slice(&recalls);
+        recalls
+    }
 }
 
 struct State {
@@ -352,8 +365,7 @@ impl CapTable {
 
     /// Takes a session's reassertion (its polls this term until one names this term),
     /// then returns its queued recalls, waiting up to [`POLL_HOLD`] for one, and this
-    /// leader's term. `client_term` is the newest term the client learned from a poll
-    /// answer.
+    /// leader's term.
     ///
     /// A poll that names an older term may carry a list taken before the client saw this
     /// leader (a call retried across the election), and the client may still store grants
@@ -362,35 +374,49 @@ impl CapTable {
     /// client takes that list after it learned the term, and from then on caches no grant
     /// of an older term.
     ///
-    /// `versions` holds the current version of each held inode that exists (read only
-    /// when [`CapTable::reasserting`] said so): a reasserted cap whose inode changed
-    /// since its client began caching it is recalled at once.
-    fn poll_now(
-        &self,
-        session: SessionId,
-        held: &[HeldCap],
-        client_term: u64,
-        versions: &HashMap<InodeId, u64>,
-    ) -> Result<Polled, FsError> {
+    /// A poll numbered below the newest seen is one its client no longer waits for (an
+    /// attempt a replica forwarded and the network held back): it is answered at once
+    /// and empty, reasserting nothing. A retry of the newest poll gets again what was
+    /// handed to its earlier attempts.
+    fn poll_now(&self, session: SessionId, ask: &Poll<'_>) -> Result<Polled, FsError> {
         let mut s = self.lock();
         let s = &mut *s;
-        if client_term > s.term {
+        if ask.term > s.term {
             // The client heard from a newer leader: this replica no longer leads.
             return Err(FsError::NotLeader { leader: None, addr: None });
         }
         let term = s.term;
-        if !s.streams.get(&session).is_some_and(|st| st.known) {
-            reassert(s, session, held, versions);
-            if client_term == term {
-                s.streams.entry(session).or_default().known = true;
-            } else {
-                let queue = s.streams.get_mut(&session).map(|st| std::mem::take(&mut st.queue));
-                return Ok(Polled::Answer(queue.unwrap_or_default(), term));
+        let stream = s.streams.entry(session).or_default();
+        if ask.number < stream.last_poll {
+            tracing::debug!(
+                "session {session}: poll {} came after poll {}; answered empty",
+                ask.number,
+                stream.last_poll
+            );
+            return Ok(Polled::Answer(Vec::new(), term));
+        }
+        if ask.number > stream.last_poll {
+            stream.last_poll = ask.number;
+            stream.handed.clear();
+        } else {
+            let handed = std::mem::take(&mut stream.handed);
+            for r in handed.into_iter().rev() {
+                if !stream.queue.contains(&r) {
+                    stream.queue.insert(0, r);
+                }
             }
+        }
+        if !stream.known {
+            reassert(s, session, ask.held, ask.versions);
+            let stream = s.streams.entry(session).or_default();
+            if ask.term != term {
+                return Ok(Polled::Answer(stream.hand_out(), term));
+            }
+            stream.known = true;
         }
         let stream = s.streams.entry(session).or_default();
         if !stream.queue.is_empty() {
-            return Ok(Polled::Answer(std::mem::take(&mut stream.queue), term));
+            return Ok(Polled::Answer(stream.hand_out(), term));
         }
         Ok(Polled::Wait(stream.wake.clone(), term))
     }
@@ -404,19 +430,36 @@ impl CapTable {
     pub async fn poll(
         &self,
         session: SessionId,
-        held: &[HeldCap],
-        client_term: u64,
-        versions: &HashMap<InodeId, u64>,
+        ask: &Poll<'_>,
     ) -> Result<(Vec<CapRef>, u64), FsError> {
-        let (wake, term) = match self.poll_now(session, held, client_term, versions)? {
+        let (wake, term) = match self.poll_now(session, ask)? {
             Polled::Answer(recalls, term) => return Ok((recalls, term)),
             Polled::Wait(wake, term) => (wake, term),
         };
         let _ = tokio::time::timeout(POLL_HOLD, wake.notified()).await;
         let mut s = self.lock();
-        let queue = s.streams.get_mut(&session).map(|st| std::mem::take(&mut st.queue));
-        Ok((queue.unwrap_or_default(), term))
+        // A newer poll came meanwhile: the recalls are its.
+        let recalls = s
+            .streams
+            .get_mut(&session)
+            .filter(|st| st.last_poll == ask.number)
+            .map(Stream::hand_out);
+        Ok((recalls.unwrap_or_default(), term))
     }
+}
+
+/// A poll of a session's events stream, as [`MetaOp::CapEvents`] carries it.
+pub(crate) struct Poll<'a> {
+    /// The caps the client holds.
+    pub held: &'a [HeldCap],
+    /// The newest leader term the client learned from a poll answer.
+    pub term: u64,
+    /// The poll's number.
+    pub number: u64,
+    /// The current version of each held inode that exists, read only when
+    /// [`CapTable::reasserting`] said so: a reasserted cap whose inode changed since
+    /// its client began caching it is recalled at once.
+    pub versions: &'a HashMap<InodeId, u64>,
 }
 
 /// What a poll does at once: answer, or hold until woken.
@@ -1016,6 +1059,15 @@ mod tests {
         });
     }
 
+    fn ask<'a>(
+        held: &'a [HeldCap],
+        term: u64,
+        number: u64,
+        versions: &'a HashMap<InodeId, u64>,
+    ) -> Poll<'a> {
+        Poll { held, term, number, versions }
+    }
+
     fn held(ino: InodeId, mode: CapMode, seq: u64) -> HeldCap {
         HeldCap { ino, mode, seq, version: 1 }
     }
@@ -1122,7 +1174,7 @@ mod tests {
         t.opened(A);
         t.queue_recall(A, X, 5);
         t.queue_recall(A, X, 5);
-        let polled = t.poll(A, &[], 1, &HashMap::new()).await.unwrap();
+        let polled = t.poll(A, &ask(&[], 1, 1, &HashMap::new())).await.unwrap();
         assert_eq!(polled, (vec![CapRef { ino: X, seq: 5 }], 1));
     }
 
@@ -1135,15 +1187,37 @@ mod tests {
         let now = unchanged(&[X, late.ino]);
         // A list from before the client heard of this leader: taken, answered at once,
         // but not yet the whole of what the session may cache.
-        let (recalls, term) = t.poll(A, &held, 1, &now).await.unwrap();
+        let (recalls, term) = t.poll(A, &ask(&held, 1, 1, &now)).await.unwrap();
         assert_eq!((recalls, term), (vec![], 2));
         assert!(!t.lock().streams[&A].known);
         assert!(t.try_register(B, X, CapMode::Exclusive).is_err(), "the cap is recorded");
         // The next list, taken after the client learned the term, completes it.
-        assert!(matches!(t.poll_now(A, &[held[0], late], 2, &now), Ok(Polled::Wait(_, 2))));
+        let next = [held[0], late];
+        assert!(matches!(t.poll_now(A, &ask(&next, 2, 2, &now)), Ok(Polled::Wait(_, 2))));
         assert!(t.lock().streams[&A].known);
         assert!(t.try_register(B, InodeId(11), CapMode::Shared).is_err());
         // A client that heard from a newer leader is told this one no longer leads.
-        assert!(matches!(t.poll(A, &[], 3, &now).await, Err(FsError::NotLeader { .. })));
+        assert!(matches!(t.poll(A, &ask(&[], 3, 3, &now)).await, Err(FsError::NotLeader { .. })));
+    }
+
+    /// A poll that a replica cut off one way forwarded reaches the leader after its
+    /// client moved on to newer polls: it takes no recall (nobody reads its answer), and
+    /// a retry of the newest poll gets again what an earlier attempt of it took.
+    #[tokio::test]
+    async fn a_stale_poll_takes_no_recall_and_a_retried_one_gets_them_again() {
+        let t = CapTable::default();
+        t.restart(1);
+        t.opened(A);
+        let none = HashMap::new();
+        let r = CapRef { ino: X, seq: 5 };
+        t.queue_recall(A, X, 5);
+        assert_eq!(t.poll(A, &ask(&[], 1, 7, &none)).await.unwrap(), (vec![r], 1));
+        // Its answer was lost; the client sends the same poll again.
+        assert_eq!(t.poll(A, &ask(&[], 1, 7, &none)).await.unwrap(), (vec![r], 1));
+        let later = CapRef { ino: InodeId(11), seq: 6 };
+        t.queue_recall(A, later.ino, later.seq);
+        let stale = t.poll_now(A, &ask(&[], 1, 6, &none)).unwrap();
+        assert!(matches!(stale, Polled::Answer(ref recalls, 1) if recalls.is_empty()));
+        assert_eq!(t.poll(A, &ask(&[], 1, 8, &none)).await.unwrap(), (vec![later], 1));
     }
 }

@@ -169,7 +169,7 @@ impl Node {
                 self.renew(req.session).await?;
                 caps::get_caps(self, req.session, ino, name, mode).await
             }
-            MetaOp::CapEvents { held, term } => {
+            MetaOp::CapEvents { held, term, poll } => {
                 // The client counts its caps valid from when it sent this poll: only a
                 // replica that still leads after it arrived may renew them, or a leader
                 // cut off from the others would keep them alive past a new leader's
@@ -183,7 +183,8 @@ impl Node {
                     }
                     false => HashMap::new(),
                 };
-                let (recalls, term) = self.caps.poll(req.session, &held, term, &versions).await?;
+                let ask = caps::Poll { held: &held, term, number: poll, versions: &versions };
+                let (recalls, term) = self.caps.poll(req.session, &ask).await?;
                 Ok(MetaResponse::CapEvents { recalls, term })
             }
             MetaOp::CapsReleased { released } => {

@@ -182,8 +182,17 @@ impl Pool {
         payload: Bytes,
         timeout: Duration,
     ) -> Result<(Response, Bytes), FsError> {
-        let conn = self.conn(peer).await?;
-        match conn.call(req, payload, timeout).await {
+        // The connect counts against the timeout: a peer cut off made a 1 s probe wait
+        // for the 2 s connect timeout, so a held call stayed at a lost meta leader 3 s.
+        let started = tokio::time::Instant::now();
+        let conn = match tokio::time::timeout(timeout, self.conn(peer)).await {
+            Ok(conn) => conn?,
+            Err(_) => {
+                let ms = timeout.as_millis() as u64;
+                return Err(NetError::Timeout { addr: peer, ms }.into());
+            }
+        };
+        match conn.call(req, payload, timeout.saturating_sub(started.elapsed())).await {
             Ok((Ok(resp), payload)) => Ok((resp, payload)),
             Ok((Err(e), _)) => Err(e),
             Err(e) => {

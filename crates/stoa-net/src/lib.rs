@@ -70,6 +70,33 @@ mod tests {
         })
     }
 
+    /// A peer whose connect hangs (its listen queue is full, so the kernel drops new
+    /// handshakes) fails a call within the call's timeout, not the connect timeout's 2 s:
+    /// a 1 s probe of a meta leader cut off took 3 s so.
+    #[tokio::test]
+    async fn a_call_whose_connect_hangs_ends_at_its_timeout() {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Never accepted: these fill the queue, and a connect that waits shows it full.
+        let mut queued = Vec::new();
+        loop {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(Duration::from_millis(300), connect).await {
+                Ok(stream) => queued.push(stream.unwrap()),
+                Err(_) => break,
+            }
+            assert!(queued.len() < 64, "the listen queue never filled");
+        }
+        let started = std::time::Instant::now();
+        let answer =
+            Pool::new().call(addr, &read(1, 1), Bytes::new(), Duration::from_millis(200)).await;
+        assert!(matches!(answer, Err(FsError::Unavailable(_))), "{answer:?}");
+        assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+        drop((listener, queued));
+    }
+
     async fn start() -> std::net::SocketAddr {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();

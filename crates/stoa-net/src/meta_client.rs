@@ -157,7 +157,11 @@ impl MetaClient {
         err: &FsError,
         failed_in_a_row: &mut usize,
     ) -> bool {
-        if to_leader {
+        let unreachable = !matches!(err, FsError::NotLeader { .. } | FsError::Busy);
+        if to_leader || unreachable {
+            // A replica that cannot be reached leads no more calls either: until a call
+            // to the leader failed itself, they all went to a leader cut off (a meta
+            // leader partition held a register write 5 s so).
             let _ = self.leader.compare_exchange(index, NONE, Ordering::Relaxed, Ordering::Relaxed);
         }
         match err {
@@ -298,7 +302,7 @@ mod tests {
         let poll = || MetaRequest {
             session: SessionId(1),
             req_id: RequestId(0),
-            op: MetaOp::CapEvents { held: vec![], term: 0 },
+            op: MetaOp::CapEvents { held: vec![], term: 0, poll: 1 },
         };
         let long = Duration::from_secs(30);
         let client = MetaClient::new(Pool::new(), vec![holding, good], long);
@@ -348,6 +352,29 @@ mod tests {
         };
         assert_eq!(client.call(read).await, Ok(MetaResponse::Done));
         assert_eq!(client.current.load(Ordering::Relaxed), 2);
+    }
+
+    /// Found by the fault tests (meta leader partition): a replica that did not answer a
+    /// read was still the leader calls went to, until one of them failed there too.
+    #[tokio::test]
+    async fn a_replica_that_did_not_answer_a_read_leads_no_more_calls() {
+        let (silent, silent_calls) = replica(None).await;
+        let (good, good_calls) = replica(Some(Ok(Response::Meta(MetaResponse::Done)))).await;
+        let client = MetaClient::new(Pool::new(), vec![silent, good], Duration::from_secs(60));
+        client.set_leader(silent);
+        client.current.store(0, Ordering::Relaxed);
+        let read = MetaRequest {
+            session: SessionId(0),
+            req_id: RequestId(0),
+            op: MetaOp::GetAttr { ino: stoa_types::InodeId(1) },
+        };
+        assert_eq!(client.call(read).await, Ok(MetaResponse::Done));
+        assert_eq!(silent_calls.calls.load(Ordering::SeqCst), 1);
+        let op = MetaOp::CapEvents { held: vec![], term: 0, poll: 1 };
+        let poll = MetaRequest { session: SessionId(1), req_id: RequestId(0), op };
+        assert_eq!(client.call_leader(poll, Duration::from_secs(30)).await, Ok(MetaResponse::Done));
+        assert_eq!(silent_calls.calls.load(Ordering::SeqCst), 1, "sent to the silent leader");
+        assert_eq!(good_calls.calls.load(Ordering::SeqCst), 2);
     }
 
     /// Found by the fault tests (meta leader partition): during the election, a replica

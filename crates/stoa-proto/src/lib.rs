@@ -46,7 +46,7 @@ use stoa_types::FsError;
 /// 5: the status answer carries the replica count.
 /// 6: the status answer carries the count of deleted files whose chunks are not freed yet.
 /// 7: held caps carry the inode version their cache began at; grants of a lookup carry
-/// the directory's version.
+/// the directory's version; `CapEvents` polls are numbered.
 pub const PROTOCOL_VERSION: u8 = 7;
 
 /// Every request, by service.

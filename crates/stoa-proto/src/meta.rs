@@ -234,9 +234,16 @@ pub enum MetaOp {
     /// from an earlier answer: a new leader counts the session's reassertion complete
     /// only from a poll that names its term (docs/flows/caps.md, invariant 8). Renews the
     /// session like `RenewSession`, after the leader confirmed it still leads.
+    ///
+    /// `poll` numbers the client's polls (a retry of one keeps its number): the leader
+    /// answers a poll older than one it has seen at once and empty, and hands a retry
+    /// again what it handed the poll's earlier attempt. A poll forwarded by a replica cut
+    /// off one way reached the leader after the cut healed, seconds after its client had
+    /// moved on, and took a recall whose answer nobody read.
     CapEvents {
         held: Vec<HeldCap>,
         term: u64,
+        poll: u64,
     },
     /// The client dropped these caps (answering recalls) and every cache under them.
     CapsReleased {

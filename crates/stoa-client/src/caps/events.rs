@@ -10,16 +10,19 @@ use super::*;
 pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(sh);
     tokio::spawn(async move {
+        let mut number = 0;
         loop {
             let Some(sh) = weak.upgrade() else { return };
             let session = sh.session.id();
             let lease = Duration::from_millis(sh.session.grant().lease_ms);
             let (held, term) = sh.caps.held_list();
             let sent = Instant::now();
+            number += 1;
             // The caps lapse at their deadline even while the poll hangs (a partitioned
             // leader): what the kernel cached under them goes then, not at the next poll.
             let polled = {
-                let poll = sh.session.call_leader(MetaOp::CapEvents { held, term }, POLL_TIMEOUT);
+                let op = MetaOp::CapEvents { held, term, poll: number };
+                let poll = sh.session.call_leader(op, POLL_TIMEOUT);
                 tokio::pin!(poll);
                 loop {
                     let until = sh.caps.lock().valid_until;

@@ -12,6 +12,12 @@ async fn renew(client: &MetaClient, session: SessionId) -> Result<MetaResponse, 
     client.call(req(session, 0, MetaOp::RenewSession)).await
 }
 
+/// A poll number above every earlier one (per session is enough; these count for all).
+fn next_poll() -> u64 {
+    static POLLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+}
+
 fn lease_tuning() -> Tuning {
     Tuning { session_lease_ms: 1500, ..test_tuning() }
 }
@@ -137,7 +143,7 @@ async fn a_recall_whose_answer_was_lost_is_sent_again() {
     let poll = |term| {
         let client = client.clone();
         async move {
-            let op = MetaOp::CapEvents { held: vec![], term };
+            let op = MetaOp::CapEvents { held: vec![], term, poll: next_poll() };
             match client.call_leader(req(holder, 0, op), Duration::from_secs(5)).await.unwrap() {
                 MetaResponse::CapEvents { recalls, term } => (recalls, term),
                 other => panic!("CapEvents answered {other:?}"),
@@ -242,7 +248,7 @@ async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_
     let poll = |session, held: Vec<HeldCap>, term| {
         let client = client.clone();
         async move {
-            let op = MetaOp::CapEvents { held, term };
+            let op = MetaOp::CapEvents { held, term, poll: next_poll() };
             match client.call_leader(req(session, 0, op), Duration::from_secs(5)).await.unwrap() {
                 MetaResponse::CapEvents { recalls, term } => (recalls, term),
                 other => panic!("CapEvents answered {other:?}"),
