@@ -93,6 +93,7 @@ impl Server {
             liveness: Liveness::default(),
             leases: crate::leases::Leases::default(),
             caps: crate::caps::CapTable::default(),
+            attempts: crate::service::Attempts::default(),
             corrupt_reports: AtomicU64::new(0),
         });
         let service = Arc::new(Service::new(node.clone()));

@@ -43,7 +43,60 @@ pub(crate) struct Node {
     pub liveness: Liveness,
     pub leases: Leases,
     pub caps: CapTable,
+    pub attempts: Attempts,
     pub corrupt_reports: AtomicU64,
+}
+
+/// The numbered mutations this replica is answering. A retry of one still in progress
+/// (its caller timed out while it waited for the others' acks) waits for it: the retry
+/// finds the change made and cannot name again everything the first attempt recalls
+/// (an unlinked file is no longer found by its name), so answered at once it would
+/// return before those caches are gone (caps.md invariant 2).
+#[derive(Default)]
+pub(crate) struct Attempts {
+    gates: std::sync::Mutex<Gates>,
+}
+
+/// One gate per request with an attempt in progress, held by the attempt answering it.
+type Gates = HashMap<(SessionId, RequestId), Arc<tokio::sync::Mutex<()>>>;
+
+impl Attempts {
+    /// Waits until no earlier attempt of `key` is in progress here, and marks this one.
+    async fn begin(&self, key: (SessionId, RequestId)) -> Attempt<'_> {
+        let gate = self.lock().entry(key).or_default().clone();
+        let guard = gate.clone().lock_owned().await;
+        Attempt { attempts: self, key, gate, guard: Some(guard) }
+    }
+
+    /// How many requests have an attempt in progress here.
+    #[cfg(test)]
+    pub(crate) fn in_progress(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Gates> {
+        self.gates.lock().expect("attempts lock poisoned")
+    }
+}
+
+/// An attempt of a numbered mutation in progress, until dropped.
+struct Attempt<'a> {
+    attempts: &'a Attempts,
+    key: (SessionId, RequestId),
+    gate: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut gates = self.attempts.lock();
+        // Clones are taken under this lock: two are the map's and this one's, so no
+        // other attempt of the request waits.
+        if Arc::strong_count(&self.gate) == 2 {
+            gates.remove(&self.key);
+        }
+    }
 }
 
 impl Node {
@@ -100,6 +153,11 @@ impl Node {
             return self.forward(&view, req).await;
         }
         let session = req.session;
+        let numbered = session.0 != 0 && req.req_id.0 != 0;
+        let _attempt = match numbered {
+            true => Some(self.attempts.begin((session, req.req_id)).await),
+            false => None,
+        };
         // Other sessions' caches of what this changes are recalled before it is answered
         // (docs/flows/caps.md); a new leader first learns every cap there is. Exclusive
         // holders of the directories it changes are recalled before it applies: they may
@@ -124,7 +182,6 @@ impl Node {
             self.caps.register_created(session, &created.collect::<Vec<_>>());
         }
         let closing = matches!(req.op, MetaOp::CloseSession);
-        let numbered = session.0 != 0 && req.req_id.0 != 0;
         let answer = self.raft.propose(Command::Client { req, now: Timestamp::now() }).await;
         // Any call of a session shows that its client is alive, and a new session starts
         // its lease now rather than at this leader's election.

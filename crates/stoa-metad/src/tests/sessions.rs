@@ -281,3 +281,40 @@ async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_
         other => panic!("the retried chmod answered {other:?}"),
     }
 }
+
+/// A retry of an unlink whose first attempt still waits for a holder of the file (its
+/// caller timed out) waits for that attempt: the retry finds the name gone and would
+/// recall nobody, so it was answered before the holder dropped the file from its cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_a_change_still_waiting_for_acks_waits_with_it() {
+    // A lease the silent holder keeps for the whole test: only its ack ends the wait.
+    let cluster = Cluster::start(1, Tuning { session_lease_ms: 30_000, ..test_tuning() }).await;
+    let leader = cluster.leader().await;
+    let client = cluster.client_all();
+    let (holder, changer) = (open_session(&client).await, open_session(&client).await);
+    let ino = create(&client, holder, 1, "f").await;
+    let shared = req(holder, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Shared });
+    let seq = match client.call(shared).await.unwrap() {
+        MetaResponse::Caps { seq, .. } => seq,
+        other => panic!("GetCaps answered {other:?}"),
+    };
+    let unlink = MetaOp::Unlink { parent: InodeId::ROOT, name: b"f".to_vec(), open: false };
+    let unlink = req(changer, 1, unlink);
+    let attempt = || {
+        let (node, unlink) = (cluster.server(leader).node.clone(), unlink.clone());
+        tokio::spawn(async move { node.meta(unlink).await })
+    };
+    let first = attempt();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let retry = attempt();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!first.is_finished(), "answered while the holder still cached the file");
+    assert!(!retry.is_finished(), "the retry was answered before the holder acked");
+    let ack = MetaOp::CapsReleased { released: vec![CapRef { ino, seq }] };
+    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    for answer in [first, retry] {
+        let answer = tokio::time::timeout(Duration::from_secs(10), answer).await.unwrap().unwrap();
+        assert_eq!(answer, Ok(MetaResponse::Done));
+    }
+    assert_eq!(cluster.server(leader).node.attempts.in_progress(), 0, "an attempt stayed");
+}
