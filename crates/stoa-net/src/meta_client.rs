@@ -6,9 +6,9 @@
 //! Failover is fast: a refused or reset connection moves to the next replica at once,
 //! without sleeping, and every call has a short timeout, so a dead or frozen replica
 //! costs at most one timeout, never a connect or call timeout per request. A call that
-//! may legitimately wait long at the leader is watched instead: a `ReadIndex` every
-//! second shows the replica still answers and leads, and the call moves on when one
-//! does not come back.
+//! may take longer than a second at the leader (a mutation, or a call that may
+//! legitimately wait long there) is watched too: a `ReadIndex` every second shows the
+//! replica still answers and leads, and the call moves on when one does not come back.
 
 use crate::Pool;
 use bytes::Bytes;
@@ -27,9 +27,9 @@ const READ_TIMEOUT: Duration = Duration::from_secs(1);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// No leader known.
 const NONE: usize = usize::MAX;
-/// A call allowed to wait at one replica longer than a mutation (a capability grant
-/// waiting for a recall, the events long poll) checks this often that the replica still
-/// answers and leads, and moves on when it does not.
+/// A call allowed to wait at one replica longer than this (a mutation, a capability
+/// grant waiting for a recall, the events long poll) checks this often that the replica
+/// still answers and leads, and moves on when it does not.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How long a replica that did not answer in time is passed over when the client moves
 /// on from another one, unless every replica failed: moving on in a ring otherwise came
@@ -119,7 +119,9 @@ impl MetaClient {
             let addr = self.addrs[index % self.addrs.len()];
             let answer = async {
                 let call = self.pool.call(addr, &req, Bytes::new(), timeout);
-                if timeout <= WRITE_TIMEOUT {
+                // A mutation too: one sent to a leader just cut off is found out by the
+                // probe in 2 s rather than at its 3 s timeout.
+                if timeout <= PROBE_EVERY {
                     return call.await;
                 }
                 tokio::select! {
@@ -251,15 +253,21 @@ mod tests {
     use stoa_proto::{MetaOp, Reply};
     use stoa_types::{RequestId, SessionId};
 
-    /// A meta replica that answers every call the same way, or never, and counts calls.
+    /// A meta replica that answers every call the same way, or never, and counts calls
+    /// and, apart, the probes of watched calls.
     struct Replica {
         answer: Option<Reply>,
         calls: AtomicU32,
+        probes: AtomicU32,
     }
 
     impl Handler for Replica {
-        async fn handle(&self, _: Request, _: Bytes, _: SocketAddr) -> (Reply, Bytes) {
-            self.calls.fetch_add(1, Ordering::SeqCst);
+        async fn handle(&self, req: Request, _: Bytes, _: SocketAddr) -> (Reply, Bytes) {
+            match req {
+                Request::Meta(MetaRequest { op: MetaOp::ReadIndex, .. }) => &self.probes,
+                _ => &self.calls,
+            }
+            .fetch_add(1, Ordering::SeqCst);
             match &self.answer {
                 Some(reply) => (reply.clone(), Bytes::new()),
                 None => std::future::pending().await,
@@ -270,7 +278,8 @@ mod tests {
     async fn replica(answer: Option<Reply>) -> (SocketAddr, Arc<Replica>) {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let replica = Arc::new(Replica { answer, calls: AtomicU32::new(0) });
+        let replica =
+            Arc::new(Replica { answer, calls: AtomicU32::new(0), probes: AtomicU32::new(0) });
         tokio::spawn(serve(listener, replica.clone()));
         (addr, replica)
     }
@@ -343,6 +352,8 @@ mod tests {
             1,
             "the silent replica was asked twice"
         );
+        // Found out by a probe, before the mutation's own timeout.
+        assert_eq!(silent_calls.probes.load(Ordering::SeqCst), 1, "the mutation was not watched");
         // A read skips the replica without a leader at once.
         client.current.store(1, Ordering::Relaxed);
         let read = MetaRequest {
