@@ -144,7 +144,7 @@ fn apply_client(
     if let &MetaOp::ForgetAnswers { below } = &req.op {
         return ops::session::forget_answers(kv, req.session, below);
     }
-    let numbered = req.session.0 != 0 && req.req_id.0 != 0;
+    let numbered = req.is_numbered();
     if numbered {
         if let Some(answer) = ops::session::recall(kv, req.session, req.req_id)? {
             return answer;
@@ -175,13 +175,18 @@ pub fn sessions(kv: &impl KvRead) -> Result<Vec<SessionId>, FsError> {
     ops::session::list(kv)
 }
 
+/// The inode's current version, or `None` when it does not exist.
+pub fn version(kv: &impl KvRead, ino: InodeId) -> Result<Option<u64>, FsError> {
+    Ok(store::find_inode(kv, ino)?.map(|rec| rec.attr.version))
+}
+
 /// The current version of each of `inodes` that exists, for a new leader checking the
 /// caps a client reasserts against what changed since it cached them.
 pub fn versions(kv: &impl KvRead, inodes: &[InodeId]) -> Result<HashMap<InodeId, u64>, FsError> {
     let mut found = HashMap::with_capacity(inodes.len());
     for &ino in inodes {
-        if let Some(rec) = store::find_inode(kv, ino)? {
-            found.insert(ino, rec.attr.version);
+        if let Some(version) = version(kv, ino)? {
+            found.insert(ino, version);
         }
     }
     Ok(found)

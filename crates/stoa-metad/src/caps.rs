@@ -728,8 +728,8 @@ pub(crate) async fn get_caps(
             node.raft.linearize().await?;
             let op = MetaOp::Lookup { parent: ino, name };
             let read = move |kv: &_| {
-                let dir = stoa_meta::versions(kv, &[ino])?.get(&ino).copied();
-                Ok((dir.ok_or(FsError::NotFound)?, stoa_meta::read(kv, &op)?))
+                let dir = stoa_meta::version(kv, ino)?.ok_or(FsError::NotFound)?;
+                Ok((dir, stoa_meta::read(kv, &op)?))
             };
             match node.raft.read(read).await? {
                 (dir_version, MetaResponse::Attr(attr)) => (attr.ino, dir_seq, dir_version),

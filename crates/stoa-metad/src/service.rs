@@ -153,7 +153,7 @@ impl Node {
             return self.forward(&view, req).await;
         }
         let session = req.session;
-        let numbered = session.0 != 0 && req.req_id.0 != 0;
+        let numbered = req.is_numbered();
         let _attempt = match numbered {
             true => Some(self.attempts.begin((session, req.req_id)).await),
             false => None,

@@ -275,6 +275,12 @@ mod tests {
         }
     }
 
+    /// A read of the root's attributes.
+    fn getattr() -> MetaRequest {
+        let op = MetaOp::GetAttr { ino: stoa_types::InodeId(1) };
+        MetaRequest { session: SessionId(0), req_id: RequestId(0), op }
+    }
+
     async fn replica(answer: Option<Reply>) -> (SocketAddr, Arc<Replica>) {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -356,12 +362,7 @@ mod tests {
         assert_eq!(silent_calls.probes.load(Ordering::SeqCst), 1, "the mutation was not watched");
         // A read skips the replica without a leader at once.
         client.current.store(1, Ordering::Relaxed);
-        let read = MetaRequest {
-            session: SessionId(0),
-            req_id: RequestId(0),
-            op: MetaOp::GetAttr { ino: stoa_types::InodeId(1) },
-        };
-        assert_eq!(client.call(read).await, Ok(MetaResponse::Done));
+        assert_eq!(client.call(getattr()).await, Ok(MetaResponse::Done));
         assert_eq!(client.current.load(Ordering::Relaxed), 2);
     }
 
@@ -374,12 +375,7 @@ mod tests {
         let client = MetaClient::new(Pool::new(), vec![silent, good], Duration::from_secs(60));
         client.set_leader(silent);
         client.current.store(0, Ordering::Relaxed);
-        let read = MetaRequest {
-            session: SessionId(0),
-            req_id: RequestId(0),
-            op: MetaOp::GetAttr { ino: stoa_types::InodeId(1) },
-        };
-        assert_eq!(client.call(read).await, Ok(MetaResponse::Done));
+        assert_eq!(client.call(getattr()).await, Ok(MetaResponse::Done));
         assert_eq!(silent_calls.calls.load(Ordering::SeqCst), 1);
         let op = MetaOp::CapEvents { held: vec![], term: 0, poll: 1 };
         let poll = MetaRequest { session: SessionId(1), req_id: RequestId(0), op };
@@ -399,17 +395,12 @@ mod tests {
         let (good, _) = replica(Some(Ok(Response::Meta(MetaResponse::Done)))).await;
         let client =
             MetaClient::new(Pool::new(), vec![leaderless, silent, good], Duration::from_secs(60));
-        let read = || MetaRequest {
-            session: SessionId(0),
-            req_id: RequestId(0),
-            op: MetaOp::GetAttr { ino: stoa_types::InodeId(1) },
-        };
         client.current.store(1, Ordering::Relaxed);
-        assert_eq!(client.call(read()).await, Ok(MetaResponse::Done));
+        assert_eq!(client.call(getattr()).await, Ok(MetaResponse::Done));
         assert_eq!(silent_calls.calls.load(Ordering::SeqCst), 1);
         // From the replica without a leader, the next is the silent one: passed over.
         client.current.store(0, Ordering::Relaxed);
-        assert_eq!(client.call(read()).await, Ok(MetaResponse::Done));
+        assert_eq!(client.call(getattr()).await, Ok(MetaResponse::Done));
         assert_eq!(silent_calls.calls.load(Ordering::SeqCst), 1, "asked the silent one again");
         assert_eq!(client.current.load(Ordering::Relaxed), 2);
     }

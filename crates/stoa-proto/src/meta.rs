@@ -18,6 +18,14 @@ pub struct MetaRequest {
     pub op: MetaOp,
 }
 
+impl MetaRequest {
+    /// Whether the request is numbered in its session: meta answers a retry of it with
+    /// the first answer instead of applying it twice.
+    pub fn is_numbered(&self) -> bool {
+        self.session.0 != 0 && self.req_id.0 != 0
+    }
+}
+
 /// Every meta operation. The variant order is the method number: append only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaOp {

@@ -1076,15 +1076,13 @@ mod tests {
         caps
     }
 
+    /// A `Shared` grant of `attr` (of a lookup, when `dir_seq` is not 0).
+    fn shared(attr: Attr, seq: u64, dir_seq: u64, sent: u64) -> Grant {
+        Grant { attr, mode: CapMode::Shared, seq, dir_seq, dir_version: 0, sent }
+    }
+
     fn looked_up(caps: &Caps, name: &[u8], child: InodeId, seq: u64, dir_seq: u64) {
-        let grant = Grant {
-            attr: attr(child),
-            mode: CapMode::Shared,
-            seq,
-            dir_seq,
-            dir_version: 0,
-            sent: 0,
-        };
+        let grant = shared(attr(child), seq, dir_seq, 0);
         assert!(caps.store(&grant, Some((DIR, name))));
     }
 
@@ -1302,14 +1300,7 @@ mod tests {
         assert_eq!(std::mem::take(&mut caps.lock().released), want);
         assert!(caps.cached_attr(kept).is_some(), "an open file keeps its cap");
         let seq = cap_seq(1, 9);
-        let late = Grant {
-            attr: attr(gone),
-            mode: CapMode::Shared,
-            seq,
-            dir_seq: 0,
-            dir_version: 0,
-            sent: 0,
-        };
+        let late = shared(attr(gone), seq, 0, 0);
         assert!(!caps.store(&late, None), "a grant of a file given back is not cached");
         assert!(caps.cached_attr(gone).is_none());
     }
@@ -1327,14 +1318,7 @@ mod tests {
         let mut linked = attr(file);
         linked.nlink = 2;
         let seq = cap_seq(1, 1);
-        let grant = Grant {
-            attr: linked.clone(),
-            mode: CapMode::Shared,
-            seq,
-            dir_seq: 0,
-            dir_version: 0,
-            sent: 0,
-        };
+        let grant = shared(linked.clone(), seq, 0, 0);
         assert!(caps.store(&grant, None));
         let before = caps.epoch();
         caps.forget(&[file], &[]);
@@ -1343,14 +1327,7 @@ mod tests {
         caps.update_attr(committed.clone(), before);
         assert!(caps.cached_attr(file).is_none(), "a commit sent before the unlink");
         let seq = cap_seq(1, 2);
-        let late = Grant {
-            attr: committed.clone(),
-            mode: CapMode::Shared,
-            seq,
-            dir_seq: 0,
-            dir_version: 0,
-            sent: before,
-        };
+        let late = shared(committed.clone(), seq, 0, before);
         assert!(caps.store(&late, None));
         assert!(caps.cached_attr(file).is_none(), "a grant asked for before the unlink");
         let mut unlinked = committed;

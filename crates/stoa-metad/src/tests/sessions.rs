@@ -18,6 +18,35 @@ fn next_poll() -> u64 {
     POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
+/// Takes `mode` on `ino` for `session`: the grant's sequence number and the inode's
+/// version it answered.
+async fn take_cap(
+    client: &MetaClient,
+    session: SessionId,
+    ino: InodeId,
+    mode: CapMode,
+) -> (u64, u64) {
+    match client.call(req(session, 0, MetaOp::GetCaps { ino, name: None, mode })).await.unwrap() {
+        MetaResponse::Caps { seq, attr, .. } => (seq, attr.version),
+        other => panic!("GetCaps answered {other:?}"),
+    }
+}
+
+/// One poll of `session`'s events stream, reasserting `held` and naming `term`: the
+/// recalls and the leader's term.
+async fn poll(
+    client: &MetaClient,
+    session: SessionId,
+    held: Vec<HeldCap>,
+    term: u64,
+) -> (Vec<CapRef>, u64) {
+    let op = MetaOp::CapEvents { held, term, poll: next_poll() };
+    match client.call_leader(req(session, 0, op), Duration::from_secs(5)).await.unwrap() {
+        MetaResponse::CapEvents { recalls, term } => (recalls, term),
+        other => panic!("CapEvents answered {other:?}"),
+    }
+}
+
 fn lease_tuning() -> Tuning {
     Tuning { session_lease_ms: 1500, ..test_tuning() }
 }
@@ -136,23 +165,10 @@ async fn a_recall_whose_answer_was_lost_is_sent_again() {
     let caps = move |session| {
         req(session, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Exclusive })
     };
-    let seq = match client.call(caps(holder)).await.unwrap() {
-        MetaResponse::Caps { seq, .. } => seq,
-        other => panic!("GetCaps answered {other:?}"),
-    };
-    let poll = |term| {
-        let client = client.clone();
-        async move {
-            let op = MetaOp::CapEvents { held: vec![], term, poll: next_poll() };
-            match client.call_leader(req(holder, 0, op), Duration::from_secs(5)).await.unwrap() {
-                MetaResponse::CapEvents { recalls, term } => (recalls, term),
-                other => panic!("CapEvents answered {other:?}"),
-            }
-        }
-    };
+    let (seq, _) = take_cap(&client, holder, ino, CapMode::Exclusive).await;
     // The first poll learns the term; the holder has reasserted with the second.
-    let (_, term) = poll(0).await;
-    poll(term).await;
+    let (_, term) = poll(&client, holder, vec![], 0).await;
+    poll(&client, holder, vec![], term).await;
     let wanted = tokio::spawn({
         let client = client.clone();
         async move { client.call_leader(caps(waiter), Duration::from_secs(15)).await }
@@ -160,7 +176,7 @@ async fn a_recall_whose_answer_was_lost_is_sent_again() {
     let recall = CapRef { ino, seq };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (recalls, _) = poll(term).await;
+        let (recalls, _) = poll(&client, holder, vec![], term).await;
         if recalls.contains(&recall) {
             break;
         }
@@ -171,7 +187,7 @@ async fn a_recall_whose_answer_was_lost_is_sent_again() {
     let deadline = Instant::now() + Duration::from_secs(8);
     loop {
         renew(&client, holder).await.unwrap();
-        let (recalls, _) = poll(term).await;
+        let (recalls, _) = poll(&client, holder, vec![], term).await;
         if recalls.contains(&recall) {
             break;
         }
@@ -226,11 +242,7 @@ async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_
     let client = cluster.client_all();
     let (holder, changer) = (open_session(&client).await, open_session(&client).await);
     let ino = create(&client, holder, 1, "f").await;
-    let shared = req(holder, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Shared });
-    let (seq, version) = match client.call(shared).await.unwrap() {
-        MetaResponse::Caps { seq, attr, .. } => (seq, attr.version),
-        other => panic!("GetCaps answered {other:?}"),
-    };
+    let (seq, version) = take_cap(&client, holder, ino, CapMode::Shared).await;
     let set = SetAttr { perm: Some(0o600), ..SetAttr::default() };
     let chmod = req(changer, 1, MetaOp::SetAttr { ino, set });
     let node = cluster.server(old).node.clone();
@@ -245,23 +257,13 @@ async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_
     assert!(matches!(answer, Err(FsError::NotLeader { .. })), "{answer:?}");
 
     cluster.leader().await;
-    let poll = |session, held: Vec<HeldCap>, term| {
-        let client = client.clone();
-        async move {
-            let op = MetaOp::CapEvents { held, term, poll: next_poll() };
-            match client.call_leader(req(session, 0, op), Duration::from_secs(5)).await.unwrap() {
-                MetaResponse::CapEvents { recalls, term } => (recalls, term),
-                other => panic!("CapEvents answered {other:?}"),
-            }
-        }
-    };
     // Each session learns the new term, then reasserts what it holds.
     let held = vec![HeldCap { ino, mode: CapMode::Shared, seq, version }];
-    let (_, term) = poll(holder, held.clone(), 0).await;
-    poll(changer, vec![], 0).await;
-    poll(changer, vec![], term).await;
+    let (_, term) = poll(&client, holder, held.clone(), 0).await;
+    poll(&client, changer, vec![], 0).await;
+    poll(&client, changer, vec![], term).await;
     let recall = CapRef { ino, seq };
-    let (recalls, _) = poll(holder, held, term).await;
+    let (recalls, _) = poll(&client, holder, held, term).await;
     let retried = tokio::spawn({
         let client = client.clone();
         async move { client.call(chmod).await }
@@ -270,7 +272,7 @@ async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_
     let deadline = Instant::now() + Duration::from_secs(10);
     while !recalled {
         assert!(Instant::now() < deadline, "the new leader never recalled the holder's cap");
-        recalled = poll(holder, vec![], term).await.0.contains(&recall);
+        recalled = poll(&client, holder, vec![], term).await.0.contains(&recall);
     }
     assert!(!retried.is_finished(), "the retry was answered before the holder acked");
     let ack = MetaOp::CapsReleased { released: vec![recall] };
@@ -293,11 +295,7 @@ async fn a_retry_of_a_change_still_waiting_for_acks_waits_with_it() {
     let client = cluster.client_all();
     let (holder, changer) = (open_session(&client).await, open_session(&client).await);
     let ino = create(&client, holder, 1, "f").await;
-    let shared = req(holder, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Shared });
-    let seq = match client.call(shared).await.unwrap() {
-        MetaResponse::Caps { seq, .. } => seq,
-        other => panic!("GetCaps answered {other:?}"),
-    };
+    let (seq, _) = take_cap(&client, holder, ino, CapMode::Shared).await;
     let unlink = MetaOp::Unlink { parent: InodeId::ROOT, name: b"f".to_vec(), open: false };
     let unlink = req(changer, 1, unlink);
     let attempt = || {
