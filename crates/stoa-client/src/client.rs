@@ -5,6 +5,7 @@ use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::dirops::{DirOps, NewInode};
 use crate::file::{ErrorCursor, FileState, MetaOpen};
+use crate::locks::KeptLocks;
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
@@ -67,6 +68,8 @@ pub(crate) struct Shared {
     /// `(inode, lock owner)` pairs that may hold cluster-wide locks, each with the
     /// number of locks granted to it so far (see `Client::release_locks`).
     pub locked: Mutex<HashMap<(InodeId, u64), u64>>,
+    /// The locks of files meta handed this client (see `locks.rs`).
+    pub kept: KeptLocks,
     /// The task that renews the session lease; stopped on close and on drop.
     renewal: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// What this session may cache (docs/flows/caps.md).
@@ -124,6 +127,7 @@ impl Client {
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             locked: Mutex::new(HashMap::new()),
+            kept: KeptLocks::default(),
             renewal: Mutex::new(Some(spawn_renewal(&session))),
             session,
             caps: Caps::new(cfg.caps_max),

@@ -1,16 +1,28 @@
 //! Cluster-wide POSIX advisory locks (fcntl, OFD and flock) for this client's processes.
 //!
-//! Meta holds every lock; this client remembers which `(inode, owner)` pairs it has
-//! locked, so that closing a file that never held a lock (the common case) costs no
-//! meta round trip. A waiting lock (F_SETLKW) polls meta with `GetLock`, a read, and
-//! tries `SetLock` again once the range looks free; it gives up with EINTR when the
-//! waiting process is gone.
+//! Meta holds every lock, except those of a file this client holds `Exclusive`: its
+//! first lock request there asks meta to hand it the file's locks (`LockAndDelegate`),
+//! which meta does when no other session holds one. The client then takes and drops
+//! the file's locks by itself, without a meta round trip, until a recall of its cap
+//! makes it give them back (`ReturnLocks`, before the ack): another session's lock
+//! request of the file makes the leader recall that cap first (docs/flows/locks.md,
+//! "Locks a client keeps").
+//!
+//! This client also remembers which `(inode, owner)` pairs it has locked, so that
+//! closing a file that never held a lock (the common case) costs nothing. A waiting lock
+//! (F_SETLKW) polls with `GetLock` and tries `SetLock` again once the range looks free;
+//! it gives up with EINTR when the waiting process is gone.
 
-use crate::client::Client;
+use crate::client::{Client, Shared};
 use crate::session::unexpected;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use stoa_proto::{FileLock, LockKind, LockOwner, MetaOp, MetaResponse};
-use stoa_types::{FsError, InodeId};
+use stoa_proto::{
+    first_blocker, set_lock, CapMode, FileLock, LockKind, LockOwner, MetaOp, MetaResponse,
+};
+use stoa_types::{FsError, InodeId, SessionId};
+use tokio::sync::OwnedMutexGuard;
 
 /// How often a waiting lock asks meta again, at first and at most.
 const POLL_MIN: Duration = Duration::from_millis(5);
@@ -27,6 +39,73 @@ pub struct LockRequest {
     pub pid: u32,
 }
 
+/// The locks of the files meta handed this client, and one turn per file for the lock
+/// requests of this client.
+///
+/// Invariant: a file's kept locks change only under its turn and a pin of its cap (a
+/// request of this client), or under its cap's gate alone (a recall). They are used
+/// only while the client holds the file `Exclusive` in the session meta handed them to.
+#[derive(Default)]
+pub(crate) struct KeptLocks {
+    files: Mutex<HashMap<InodeId, Kept>>,
+    turns: Mutex<HashMap<InodeId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+struct Kept {
+    session: SessionId,
+    locks: Vec<FileLock>,
+}
+
+/// One lock request's turn on a file: the client's requests of one file go to meta one
+/// at a time, so that none is applied there between a hand-over and its use here.
+struct Turn<'a> {
+    kept: &'a KeptLocks,
+    ino: InodeId,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut turns = self.kept.turns.lock().expect("lock turns poisoned");
+        if turns.get(&self.ino).is_some_and(|turn| Arc::strong_count(turn) == 1) {
+            turns.remove(&self.ino);
+        }
+    }
+}
+
+impl KeptLocks {
+    async fn turn(&self, ino: InodeId) -> Turn<'_> {
+        let turn = self.turns.lock().expect("lock turns poisoned").entry(ino).or_default().clone();
+        Turn { kept: self, ino, guard: Some(turn.lock_owned().await) }
+    }
+
+    fn files(&self) -> std::sync::MutexGuard<'_, HashMap<InodeId, Kept>> {
+        self.files.lock().expect("kept locks poisoned")
+    }
+
+    fn holds(&self, ino: InodeId) -> bool {
+        self.files().contains_key(&ino)
+    }
+}
+
+/// What one try of a lock request came to.
+enum Outcome {
+    Taken,
+    Blocked,
+    /// Another session keeps the file's locks; the leader asked for them back.
+    Elsewhere,
+}
+
+/// Whether the locks of a file are answered here.
+enum Local<T> {
+    Answered(T),
+    /// Not kept here: ask meta.
+    Meta,
+    /// Kept, but the client no longer holds the file `Exclusive`: give them back first.
+    Lapsed,
+}
+
 impl Client {
     fn file_lock(&self, req: &LockRequest) -> FileLock {
         let owner = LockOwner { session: self.session().session, owner: req.owner };
@@ -35,43 +114,123 @@ impl Client {
 
     /// F_GETLK: the lock of another owner, on any client, that is in the way.
     pub async fn getlk(&self, ino: InodeId, req: LockRequest) -> Result<Option<FileLock>, FsError> {
-        let op = MetaOp::GetLock { ino, lock: self.file_lock(&req) };
-        match self.sh.session.call(op).await? {
-            MetaResponse::Lock(found) => Ok(found),
-            other => Err(unexpected("get lock", &other)),
+        let lock = self.file_lock(&req);
+        loop {
+            {
+                let _turn = self.sh.kept.turn(ino).await;
+                let _pin = self.pin(&[ino]).await;
+                let local = self.kept_locally(ino, |held| Ok(first_blocker(held, &lock)))?;
+                match local {
+                    Local::Answered(found) => return Ok(found),
+                    Local::Lapsed => give_back(&self.sh, ino).await?,
+                    Local::Meta => {}
+                }
+                match self.sh.session.call(MetaOp::GetLock { ino, lock }).await? {
+                    MetaResponse::Lock(found) => return Ok(found),
+                    MetaResponse::LocksElsewhere => {}
+                    other => return Err(unexpected("get lock", &other)),
+                }
+            }
+            tokio::time::sleep(POLL_MIN).await;
         }
     }
 
     /// F_SETLK, or F_SETLKW when `wait`: takes, converts or drops a lock.
     pub async fn setlk(&self, ino: InodeId, req: LockRequest, wait: bool) -> Result<(), FsError> {
         let lock = self.file_lock(&req);
-        if req.kind == LockKind::Unlock {
-            // What was written under the lock must be visible to the next holder.
-            self.flush_inode(ino).await?;
-        }
         let mut pause = POLL_MIN;
         loop {
-            match self.sh.session.call_done(MetaOp::SetLock { ino, lock }).await {
-                Ok(()) => {
+            match self.try_setlk(ino, &lock).await? {
+                Outcome::Taken => {
                     self.note_lock(ino, req.owner, req.kind);
-                    if req.kind != LockKind::Unlock {
-                        // The previous holder may have changed the file: read it afresh.
-                        self.drop_cached_data(ino);
-                    }
                     return Ok(());
                 }
-                Err(FsError::WouldBlock) if wait => {}
-                Err(e) => return Err(e),
-            }
-            // Wait for the range to look free without writing to the log each time.
-            while self.getlk(ino, req).await?.is_some() {
-                if !process_alive(req.pid) {
-                    return Err(FsError::Interrupted);
+                Outcome::Blocked if !wait => return Err(FsError::WouldBlock),
+                Outcome::Blocked => {
+                    // Wait for the range to look free without writing to the log each time.
+                    while self.getlk(ino, req).await?.is_some() {
+                        if !process_alive(req.pid) {
+                            return Err(FsError::Interrupted);
+                        }
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(POLL_MAX);
+                    }
                 }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(POLL_MAX);
+                Outcome::Elsewhere => tokio::time::sleep(POLL_MIN).await,
             }
         }
+    }
+
+    async fn try_setlk(&self, ino: InodeId, lock: &FileLock) -> Result<Outcome, FsError> {
+        let _turn = self.sh.kept.turn(ino).await;
+        if lock.kind == LockKind::Unlock && !self.sh.kept.holds(ino) {
+            // What was written under the lock must be visible to the next holder (kept
+            // locks have no other holder before the cap's recall, which flushes).
+            self.flush_inode(ino).await?;
+        }
+        // A recall of the file's cap waits for this request, and takes back what it
+        // handed over.
+        let _pin = self.pin(&[ino]).await;
+        let local = self.kept_locally(ino, |held| match set_lock(held, lock) {
+            Ok(change) => {
+                change.apply(held);
+                Ok(Outcome::Taken)
+            }
+            Err(FsError::WouldBlock) => Ok(Outcome::Blocked),
+            Err(e) => Err(e),
+        })?;
+        match local {
+            Local::Answered(outcome) => return Ok(outcome),
+            Local::Lapsed => give_back(&self.sh, ino).await?,
+            Local::Meta => {}
+        }
+        let keep = self.sh.caps.holds(ino, CapMode::Exclusive);
+        let op = match keep {
+            true => MetaOp::LockAndDelegate { ino, lock: *lock },
+            false => MetaOp::SetLock { ino, lock: *lock },
+        };
+        match self.sh.session.call(op).await {
+            Ok(MetaResponse::Done) => {}
+            Ok(MetaResponse::Delegated(locks)) => {
+                let session = lock.owner.session;
+                self.sh.kept.files().insert(ino, Kept { session, locks });
+                // The cap may have lapsed while the call was out: give them back now.
+                if !self.sh.caps.holds(ino, CapMode::Exclusive) {
+                    give_back(&self.sh, ino).await?;
+                }
+                return Ok(Outcome::Taken);
+            }
+            Ok(MetaResponse::LocksElsewhere) => return Ok(Outcome::Elsewhere),
+            Ok(other) => return Err(unexpected("set lock", &other)),
+            Err(FsError::WouldBlock) => return Ok(Outcome::Blocked),
+            Err(e) => return Err(e),
+        }
+        if lock.kind != LockKind::Unlock {
+            // The previous holder may have changed the file: read it afresh.
+            self.drop_cached_data(ino);
+        }
+        Ok(Outcome::Taken)
+    }
+
+    /// Answers with `answer` over the locks this client keeps of `ino`, if it keeps them
+    /// and holds the file `Exclusive`. Kept locks of an ended session are dropped: they
+    /// ended with it. Called under the file's turn and a pin of its cap.
+    fn kept_locally<T>(
+        &self,
+        ino: InodeId,
+        answer: impl FnOnce(&mut Vec<FileLock>) -> Result<T, FsError>,
+    ) -> Result<Local<T>, FsError> {
+        let mut files = self.sh.kept.files();
+        let Some(kept) = files.get_mut(&ino) else { return Ok(Local::Meta) };
+        let session = self.sh.session.id();
+        if kept.session == session && self.sh.caps.holds(ino, CapMode::Exclusive) {
+            return answer(&mut kept.locks).map(Local::Answered);
+        }
+        if kept.session != session {
+            files.remove(&ino);
+            return Ok(Local::Meta);
+        }
+        Ok(Local::Lapsed)
     }
 
     /// Drops every lock `owner` holds on `ino`: a process closed the file (POSIX locks
@@ -122,6 +281,23 @@ impl Client {
         let mut locked = self.sh.locked.lock().expect("locked set poisoned");
         if locked.get(&(ino, owner)) == Some(&granted) {
             locked.remove(&(ino, owner));
+        }
+    }
+}
+
+/// Gives the locks this client keeps of `ino` back to meta, if it keeps them: for the
+/// recall of the file's cap (before its ack), or when the cap lapsed. Locks that cannot
+/// be given back stay kept, to be given back by the next request or recall (the error
+/// says why); those of an ended session or a removed file ended with it.
+pub(crate) async fn give_back(sh: &Shared, ino: InodeId) -> Result<(), FsError> {
+    let Some(kept) = sh.kept.files().remove(&ino) else { return Ok(()) };
+    let op = MetaOp::ReturnLocks { ino, locks: kept.locks.clone() };
+    match sh.session.call_in(kept.session, op).await {
+        Ok(_) | Err(FsError::SessionExpired) | Err(FsError::NotFound) => Ok(()),
+        Err(e) => {
+            tracing::warn!("giving back the locks of inode {ino}: {e}");
+            sh.kept.files().entry(ino).or_insert(kept);
+            Err(e)
         }
     }
 }

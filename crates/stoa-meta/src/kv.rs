@@ -43,11 +43,13 @@ pub enum Table {
     /// Inode number -> when its last name went: orphans kept a short while because
     /// another client may be opening them by inode (see `ops/unlink.rs`).
     Strays,
+    /// Inode number -> the session that keeps the inode's locks itself (`ops/locks.rs`).
+    LockDelegations,
 }
 
 impl Table {
     /// Every table, so that stores can create them all and snapshots can dump them all.
-    pub const ALL: [Table; 17] = [
+    pub const ALL: [Table; 18] = [
         Table::Inodes,
         Table::Dentries,
         Table::Symlinks,
@@ -65,6 +67,7 @@ impl Table {
         Table::Opens,
         Table::Openers,
         Table::Strays,
+        Table::LockDelegations,
     ];
 
     /// The table's stable name in a store and in snapshots. Never rename one: stores and
@@ -88,6 +91,7 @@ impl Table {
             Table::Opens => "opens",
             Table::Openers => "openers",
             Table::Strays => "strays",
+            Table::LockDelegations => "lock_delegations",
         }
     }
 }

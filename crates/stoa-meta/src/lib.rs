@@ -36,6 +36,7 @@ pub use kv::{KvRead, KvWrite, Rows, Table};
 pub use ops::batch::{BATCH_OPS_MAX, INODE_RESERVATION_MAX};
 pub use ops::chains::chunk_servers;
 pub use ops::cluster::FIRST_CHUNK_SERVER_ID;
+pub use ops::locks::delegate_of;
 pub use ops::readdir::READDIR_LIMIT_MAX;
 pub use ops::rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 pub use ops::session::LEASE_MS;
@@ -130,7 +131,9 @@ fn apply_client(
             return atomic(kv, |kv| ops::session::open(kv, client, now))
         }
         MetaOp::CloseSession => return end_session(kv, req.session),
-        MetaOp::SetLock { lock, .. } if lock.owner.session != req.session => {
+        MetaOp::SetLock { lock, .. } | MetaOp::LockAndDelegate { lock, .. }
+            if lock.owner.session != req.session =>
+        {
             return Err(FsError::Invalid(format!(
                 "session {} cannot change a lock of session {}",
                 req.session, lock.owner.session

@@ -884,6 +884,24 @@ pub(crate) async fn recall_exclusive(
     Ok(())
 }
 
+/// Before a lock request of `session` on `ino` is answered: when another session keeps
+/// the inode's locks (`stoa_meta::delegate_of`), recalls its `Exclusive` cap on the
+/// file, whose recall it answers only after it gave the locks back (docs/flows/locks.md,
+/// "Locks a client keeps"). A keeper that took them again meanwhile is answered
+/// `LocksElsewhere` by the state machine, and its requester asks once more.
+pub(crate) async fn recall_lock_keeper(
+    node: &Node,
+    session: SessionId,
+    ino: InodeId,
+) -> Result<(), FsError> {
+    let keeper = node.raft.read(move |kv| stoa_meta::delegate_of(kv, ino)).await?;
+    if keeper.is_some_and(|keeper| keeper != session) {
+        await_grace(node).await?;
+        recall_exclusive(node, session, &[ino]).await?;
+    }
+    Ok(())
+}
+
 /// Answers `TakeDir`: an exclusive cap on directory `ino` and its listing, or `None` when
 /// another session holds a cap on it, a mutation is changing it, it has more than
 /// `limit` entries, or this leader is in its grace period. A refusal costs the client

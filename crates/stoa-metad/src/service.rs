@@ -142,6 +142,7 @@ impl Node {
             | MetaOp::ReadIndex
             | MetaOp::AddReplica { .. }
             | MetaOp::RemoveReplica { .. } => self.leader_call(req).await,
+            MetaOp::GetLock { .. } => self.get_lock(req).await,
             op if op.is_mutation() => self.mutate(req).await,
             _ => self.read(req).await,
         }
@@ -181,8 +182,20 @@ impl Node {
             });
             self.caps.register_created(session, &created.collect::<Vec<_>>());
         }
+        let locking = match req.op {
+            MetaOp::SetLock { ino, .. } | MetaOp::LockAndDelegate { ino, .. } => Some(ino),
+            _ => None,
+        };
+        if let Some(ino) = locking {
+            caps::recall_lock_keeper(self, session, ino).await?;
+        }
         let closing = matches!(req.op, MetaOp::CloseSession);
         let answer = self.raft.propose(Command::Client { req, now: Timestamp::now() }).await;
+        if let (Some(ino), Ok(MetaResponse::LocksElsewhere)) = (locking, &answer) {
+            // The keeper took the locks again before this applied: have them back for
+            // the caller's next try.
+            caps::recall_lock_keeper(self, session, ino).await?;
+        }
         // Any call of a session shows that its client is alive, and a new session starts
         // its lease now rather than at this leader's election.
         match &answer {
@@ -212,6 +225,19 @@ impl Node {
             self.caps.drop_session(session);
         }
         answer
+    }
+
+    /// F_GETLK, answered by the leader: another session that keeps the inode's locks
+    /// gives them back first.
+    async fn get_lock(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
+        let view = self.raft.view();
+        if view.role != Role::Leader {
+            return self.forward(&view, req).await;
+        }
+        if let MetaOp::GetLock { ino, .. } = req.op {
+            caps::recall_lock_keeper(self, req.session, ino).await?;
+        }
+        self.read(req).await
     }
 
     /// Calls only the leader answers; a follower forwards them.

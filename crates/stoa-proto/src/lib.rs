@@ -18,6 +18,7 @@
 
 mod chunk;
 mod frame;
+mod lock;
 mod meta;
 
 pub use chunk::{ChunkListing, ChunkOp, ChunkRequest, ChunkResponse};
@@ -25,6 +26,7 @@ pub use frame::{
     decode_head, encode_frame, FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN, HEAD_LEN_MAX,
     PAYLOAD_LEN_MAX,
 };
+pub use lock::{first_blocker, set_lock, LockChange};
 pub use meta::{
     cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, Commit,
     DirGrant, FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest,
@@ -47,7 +49,9 @@ use stoa_types::FsError;
 /// 6: the status answer carries the count of deleted files whose chunks are not freed yet.
 /// 7: held caps carry the inode version their cache began at; grants of a lookup carry
 /// the directory's version; `CapEvents` polls are numbered.
-pub const PROTOCOL_VERSION: u8 = 7;
+/// 8: `LockAndDelegate` and `ReturnLocks`: a client that holds a file exclusively keeps
+/// its locks; `GetLock` and `SetLock` may answer `LocksElsewhere`.
+pub const PROTOCOL_VERSION: u8 = 8;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -172,6 +172,8 @@ pub enum MetaOp {
     /// Takes, changes or drops a POSIX byte-range lock (`fcntl` F_SETLK, OFD locks, and
     /// `flock` as a whole-file lock of the open file). Never waits: a conflict answers
     /// `WouldBlock`, and a waiting caller (F_SETLKW) polls with [`MetaOp::GetLock`].
+    /// While another session keeps the inode's locks ([`MetaOp::LockAndDelegate`]),
+    /// answered [`MetaResponse::LocksElsewhere`], as is [`MetaOp::GetLock`].
     SetLock {
         ino: InodeId,
         lock: FileLock,
@@ -300,6 +302,22 @@ pub enum MetaOp {
     /// Answered with [`MetaResponse::Done`].
     ForgetAnswers {
         below: RequestId,
+    },
+    /// [`MetaOp::SetLock`] from a client that holds the file `Exclusive`: when no other
+    /// session holds a lock on `ino` afterwards, meta also hands the caller every lock
+    /// of the inode, answering [`MetaResponse::Delegated`] with the caller's locks; the
+    /// client then takes and drops locks of the file by itself until it gives them back
+    /// with [`MetaOp::ReturnLocks`] (docs/flows/locks.md, "Locks a client keeps").
+    /// Answered `Done` when they stay here.
+    LockAndDelegate {
+        ino: InodeId,
+        lock: FileLock,
+    },
+    /// Gives back the locks of `ino` meta handed this session: `locks` become the
+    /// session's locks on the inode, and every other session may lock it again.
+    ReturnLocks {
+        ino: InodeId,
+        locks: Vec<FileLock>,
     },
 }
 
@@ -564,6 +582,12 @@ pub enum MetaResponse {
     DeadInodes(Vec<InodeId>),
     /// The outcome of each commit of a [`MetaOp::CommitWrites`], in order.
     Attrs(Vec<Result<Attr, FsError>>),
+    /// The locks of an inode are now the caller's to keep ([`MetaOp::LockAndDelegate`]):
+    /// the caller's locks on it, which it keeps from here on.
+    Delegated(Vec<FileLock>),
+    /// Another session keeps the locks of the inode; the leader asked it to give them
+    /// back, and the caller asks again.
+    LocksElsewhere,
 }
 
 /// One meta replica as the cluster sees it.

@@ -211,6 +211,10 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
                 steps.mark("buffered writes");
             }
         }
+        // Locks kept under the cap go back before the ack lets another session lock.
+        if crate::locks::give_back(&sh, r.ino).await.is_ok() {
+            steps.mark("kept locks");
+        }
         dropped
     };
     // Operations that ran uncapped meanwhile may have filled kernel pages: drop them

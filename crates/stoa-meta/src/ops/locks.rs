@@ -9,17 +9,27 @@
 //!
 //! ```text
 //!  locks          ino ++ session ++ owner ++ start -> { end, kind, pid }
-//!  session_locks  session ++ ino -> ()      which inodes a session holds locks on,
-//!                                           so a dead session's locks go in one sweep
+//!  session_locks  session ++ ino -> ()      which inodes a session holds locks on
+//!                                           or keeps, so a dead session's locks go
+//!                                           in one sweep
+//!  lock_delegations  ino -> session         the session that keeps the inode's locks
 //! ```
 //!
-//! Invariant: for every row of `locks` there is a row of `session_locks` for its session
-//! and inode, and the locks of different owners on one inode never conflict.
+//! A client that holds a file `Exclusive` may keep its locks (`LockAndDelegate`, when
+//! no other session holds one there): it then takes and drops them by itself, and
+//! every other session's `SetLock` or `GetLock` of the inode is answered
+//! `LocksElsewhere` until the keeper gives them back (`ReturnLocks`, which the leader
+//! makes it do by recalling its cap). The rows of `locks` of a kept inode are the
+//! keeper's locks when it took them; its own are in its memory.
+//!
+//! Invariant: for every row of `locks` and of `lock_delegations` there is a row of
+//! `session_locks` for its session and inode, and the locks of different owners on one
+//! inode never conflict.
 
 use crate::kv::{prefix_end, KvRead, KvWrite, Table};
 use crate::store::{self, delete_prefix, ino_key, load_inode};
 use serde::{Deserialize, Serialize};
-use stoa_proto::{FileLock, LockKind, LockOwner, MetaResponse};
+use stoa_proto::{first_blocker, set_lock, FileLock, LockKind, LockOwner, MetaResponse};
 use stoa_types::{FsError, InodeId, SessionId};
 
 /// How a held lock is stored.
@@ -70,22 +80,15 @@ fn locks_on(kv: &impl KvRead, ino: InodeId) -> Result<Vec<FileLock>, FsError> {
         .collect()
 }
 
-fn overlaps(a: &FileLock, b: &FileLock) -> bool {
-    a.start <= b.end && b.start <= a.end
+/// The session that keeps `ino`'s locks itself, if one does.
+pub fn delegate_of(kv: &impl KvRead, ino: InodeId) -> Result<Option<SessionId>, FsError> {
+    Ok(store::get::<u64>(kv, Table::LockDelegations, &ino_key(ino))?.map(SessionId))
 }
 
-/// Whether `held` stops `want` from being granted.
-fn conflicts(held: &FileLock, want: &FileLock) -> bool {
-    held.owner != want.owner
-        && overlaps(held, want)
-        && (held.kind == LockKind::Write || want.kind == LockKind::Write)
-}
-
-fn check(lock: &FileLock) -> Result<(), FsError> {
-    if lock.start > lock.end {
-        return Err(FsError::Invalid(format!("lock range {}..={} is empty", lock.start, lock.end)));
-    }
-    Ok(())
+/// Whether a session other than `session` keeps `ino`'s locks: it must give them back
+/// before anyone else's lock request can be answered.
+fn kept_elsewhere(kv: &impl KvRead, ino: InodeId, session: SessionId) -> Result<bool, FsError> {
+    Ok(delegate_of(kv, ino)?.is_some_and(|keeper| keeper != session))
 }
 
 /// F_GETLK: the first lock of another owner in the way of `lock`.
@@ -94,43 +97,77 @@ pub(crate) fn get(
     ino: InodeId,
     lock: &FileLock,
 ) -> Result<MetaResponse, FsError> {
-    check(lock)?;
+    lock.check_range()?;
     load_inode(kv, ino)?;
-    if lock.kind == LockKind::Unlock {
-        return Ok(MetaResponse::Lock(None));
+    if kept_elsewhere(kv, ino, lock.owner.session)? {
+        return Ok(MetaResponse::LocksElsewhere);
     }
-    let held = locks_on(kv, ino)?;
-    Ok(MetaResponse::Lock(held.into_iter().find(|h| conflicts(h, lock))))
+    Ok(MetaResponse::Lock(first_blocker(&locks_on(kv, ino)?, lock)))
 }
 
 /// F_SETLK: takes, converts or drops the owner's locks in the range, or answers
-/// `WouldBlock` when another owner holds a conflicting one.
+/// `WouldBlock` when another owner holds a conflicting one. With `delegate` (the caller
+/// holds the file exclusively), hands the caller the inode's locks when no other
+/// session holds one.
 pub(crate) fn set(
     kv: &mut impl KvWrite,
     ino: InodeId,
     lock: &FileLock,
+    delegate: bool,
 ) -> Result<MetaResponse, FsError> {
-    check(lock)?;
+    lock.check_range()?;
     // The kernel has checked that the file is open for the kind of lock asked for;
     // flock on a directory is legal, so any existing inode may hold locks.
     load_inode(kv, ino)?;
-    let held = locks_on(kv, ino)?;
-    if lock.kind != LockKind::Unlock && held.iter().any(|h| conflicts(h, lock)) {
-        return Err(FsError::WouldBlock);
+    let session = lock.owner.session;
+    if kept_elsewhere(kv, ino, session)? {
+        return Ok(MetaResponse::LocksElsewhere);
     }
-    for mine in held.iter().filter(|h| h.owner == lock.owner && overlaps(h, lock)) {
-        kv.delete(Table::Locks, &lock_key(ino, mine.owner, mine.start))?;
-        if mine.start < lock.start {
-            put_lock(kv, ino, &FileLock { end: lock.start - 1, ..*mine })?;
-        }
-        if mine.end > lock.end {
-            put_lock(kv, ino, &FileLock { start: lock.end + 1, ..*mine })?;
+    let mut held = locks_on(kv, ino)?;
+    let change = set_lock(&held, lock)?;
+    for gone in &change.removed {
+        kv.delete(Table::Locks, &lock_key(ino, gone.owner, gone.start))?;
+    }
+    for new in &change.added {
+        put_lock(kv, ino, new)?;
+    }
+    change.apply(&mut held);
+    let answer = if delegate && held.iter().all(|h| h.owner.session == session) {
+        store::put(kv, Table::LockDelegations, &ino_key(ino), &session.0)?;
+        MetaResponse::Delegated(held)
+    } else {
+        MetaResponse::Done
+    };
+    refresh_index(kv, ino, session)?;
+    Ok(answer)
+}
+
+/// Takes back the locks of `ino` that `session` kept: `locks` become its locks there.
+pub(crate) fn give_back(
+    kv: &mut impl KvWrite,
+    ino: InodeId,
+    session: SessionId,
+    locks: &[FileLock],
+) -> Result<MetaResponse, FsError> {
+    if delegate_of(kv, ino)? != Some(session) {
+        return Err(FsError::Invalid(format!(
+            "session {session} does not keep the locks of inode {ino}"
+        )));
+    }
+    for lock in locks {
+        lock.check_range()?;
+        if lock.owner.session != session || lock.kind == LockKind::Unlock {
+            return Err(FsError::Invalid(format!("session {session} cannot return {lock:?}")));
         }
     }
-    if lock.kind != LockKind::Unlock {
+    let mut mine = ino_key(ino).to_vec();
+    mine.extend_from_slice(&session.0.to_be_bytes());
+    delete_prefix(kv, Table::Locks, &mine)?;
+    for lock in locks {
         put_lock(kv, ino, lock)?;
     }
-    refresh_index(kv, ino, lock.owner.session)?;
+    kv.delete(Table::LockDelegations, &ino_key(ino))?;
+    refresh_index(kv, ino, session)?;
     Ok(MetaResponse::Done)
 }
 
@@ -139,12 +176,14 @@ fn put_lock(kv: &mut impl KvWrite, ino: InodeId, lock: &FileLock) -> Result<(), 
     store::put(kv, Table::Locks, &lock_key(ino, lock.owner, lock.start), &rec)
 }
 
-/// Keeps the session's index row for `ino` exactly when it holds a lock there.
+/// Keeps the session's index row for `ino` exactly when it holds a lock there or keeps
+/// the inode's locks.
 fn refresh_index(kv: &mut impl KvWrite, ino: InodeId, session: SessionId) -> Result<(), FsError> {
     let mut prefix = ino_key(ino).to_vec();
     prefix.extend_from_slice(&session.0.to_be_bytes());
     let end = prefix_end(&prefix);
-    let holds = !kv.scan(Table::Locks, &prefix, end.as_deref(), 1)?.is_empty();
+    let holds = !kv.scan(Table::Locks, &prefix, end.as_deref(), 1)?.is_empty()
+        || delegate_of(kv, ino)? == Some(session);
     let key = index_key(session, ino);
     if holds {
         kv.put(Table::SessionLocks, &key, &[])
@@ -163,6 +202,9 @@ pub(crate) fn release_session(kv: &mut impl KvWrite, session: SessionId) -> Resu
         let mut locks = ino_key(ino).to_vec();
         locks.extend_from_slice(&prefix);
         delete_prefix(kv, Table::Locks, &locks)?;
+        if delegate_of(kv, ino)? == Some(session) {
+            kv.delete(Table::LockDelegations, &ino_key(ino))?;
+        }
         kv.delete(Table::SessionLocks, &key)?;
     }
     Ok(())
@@ -173,6 +215,7 @@ pub(crate) fn release_inode(kv: &mut impl KvWrite, ino: InodeId) -> Result<(), F
     for lock in locks_on(kv, ino)? {
         kv.delete(Table::SessionLocks, &index_key(lock.owner.session, ino))?;
     }
+    kv.delete(Table::LockDelegations, &ino_key(ino))?;
     delete_prefix(kv, Table::Locks, &ino_key(ino))
 }
 
@@ -263,5 +306,70 @@ mod tests {
         assert!(matches!(set(&mut fs, ino, bad), Err(FsError::Invalid(_))));
         let missing = InodeId(4242);
         assert_eq!(set(&mut fs, missing, lock(s, 1, 0, 1, LockKind::Read)), Err(FsError::NotFound));
+    }
+
+    fn open_session(fs: &mut Fs) -> SessionId {
+        match fs.call(MetaOp::OpenSession { client: "other".into() }).unwrap() {
+            MetaResponse::Session(grant) => grant.session,
+            other => panic!("open session answered {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_kept_inode_answers_others_elsewhere_until_its_locks_come_back() {
+        let mut fs = Fs::new();
+        let a = fs.session;
+        let ino = fs.create(ROOT, "f").unwrap().ino;
+        let b = open_session(&mut fs);
+        let mine = lock(a, 1, 0, 9, LockKind::Write);
+        let kept = fs.call(MetaOp::LockAndDelegate { ino, lock: mine });
+        assert_eq!(kept, Ok(MetaResponse::Delegated(vec![mine])));
+
+        fs.session = b;
+        let theirs = lock(b, 1, 0, 9, LockKind::Read);
+        let elsewhere = Ok(MetaResponse::LocksElsewhere);
+        assert_eq!(fs.call(MetaOp::SetLock { ino, lock: theirs }), elsewhere);
+        assert_eq!(fs.call(MetaOp::LockAndDelegate { ino, lock: theirs }), elsewhere);
+        assert_eq!(fs.call(MetaOp::GetLock { ino, lock: theirs }), elsewhere);
+        let stolen = fs.call(MetaOp::ReturnLocks { ino, locks: vec![] });
+        assert!(matches!(stolen, Err(FsError::Invalid(_))), "{stolen:?}");
+
+        // The keeper took another lock by itself meanwhile, and gives back both.
+        fs.session = a;
+        let shared = lock(a, 2, 20, 29, LockKind::Read);
+        let forged = lock(b, 2, 20, 29, LockKind::Read);
+        let refused = fs.call(MetaOp::ReturnLocks { ino, locks: vec![forged] });
+        assert!(matches!(refused, Err(FsError::Invalid(_))), "{refused:?}");
+        fs.call(MetaOp::ReturnLocks { ino, locks: vec![mine, shared] }).unwrap();
+
+        fs.session = b;
+        assert_eq!(get(&mut fs, ino, lock(b, 1, 25, 25, LockKind::Write)), Some(shared));
+        assert_eq!(set(&mut fs, ino, theirs), Err(FsError::WouldBlock));
+        let beside = lock(b, 1, 50, 59, LockKind::Read);
+        assert_eq!(fs.call(MetaOp::SetLock { ino, lock: beside }), Ok(MetaResponse::Done));
+
+        // Another session holds a lock there now: the inode's locks stay with meta.
+        fs.session = a;
+        let unlock = lock(a, 1, 0, 9, LockKind::Unlock);
+        assert_eq!(fs.call(MetaOp::LockAndDelegate { ino, lock: unlock }), Ok(MetaResponse::Done));
+        assert!(fs.kv.scan(crate::Table::LockDelegations, &[], None, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_keeper_that_ends_leaves_the_inode_to_the_others() {
+        let mut fs = Fs::new();
+        let a = fs.session;
+        let ino = fs.create(ROOT, "f").unwrap().ino;
+        let b = open_session(&mut fs);
+        let mine = lock(a, 1, 0, EOF, LockKind::Write);
+        fs.call(MetaOp::LockAndDelegate { ino, lock: mine }).unwrap();
+        // Its locks are kept even when it held none at meta when it ended.
+        fs.call(MetaOp::ReturnLocks { ino, locks: vec![] }).unwrap();
+        let again = fs.call(MetaOp::LockAndDelegate { ino, lock: mine }).unwrap();
+        assert_eq!(again, MetaResponse::Delegated(vec![mine]));
+        fs.call(MetaOp::CloseSession).unwrap();
+        fs.session = b;
+        set(&mut fs, ino, lock(b, 1, 0, EOF, LockKind::Write)).unwrap();
+        assert!(fs.kv.scan(crate::Table::LockDelegations, &[], None, 10).unwrap().is_empty());
     }
 }

@@ -83,7 +83,9 @@ pub(crate) fn mutate(
         }
         MetaOp::RemoveXattr { ino, name } => xattr::remove(kv, *ino, name, now),
         MetaOp::OpenSession { client } => session::open(kv, client, now),
-        MetaOp::SetLock { ino, lock } => locks::set(kv, *ino, lock),
+        MetaOp::SetLock { ino, lock } => locks::set(kv, *ino, lock, false),
+        MetaOp::LockAndDelegate { ino, lock } => locks::set(kv, *ino, lock, true),
+        MetaOp::ReturnLocks { ino, locks } => locks::give_back(kv, *ino, session, locks),
         MetaOp::AllocInodes { count } => batch::alloc_inodes(kv, session, *count),
         MetaOp::Batch { ops } => batch::batch(kv, session, ops, now),
         MetaOp::RegisterChunkServer { node, cluster, addr, zone, capacity_bytes, used_bytes } => {
