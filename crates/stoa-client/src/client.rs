@@ -543,6 +543,6 @@ impl Shared {
     }
 }
 
-fn expired_handle() -> FsError {
+pub(crate) fn expired_handle() -> FsError {
     FsError::Io("the meta session this file was opened in expired; reopen the file".into())
 }

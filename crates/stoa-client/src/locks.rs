@@ -13,7 +13,7 @@
 //! (F_SETLKW) polls with `GetLock` and tries `SetLock` again once the range looks free;
 //! it gives up with EINTR when the waiting process is gone.
 
-use crate::client::{Client, Shared};
+use crate::client::{expired_handle, Client, Shared};
 use crate::session::unexpected;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,9 +42,10 @@ pub struct LockRequest {
 /// The locks of the files meta handed this client, and one turn per file for the lock
 /// requests of this client.
 ///
-/// Invariant: a file's kept locks change only under its turn and a pin of its cap (a
-/// request of this client), or under its cap's gate alone (a recall). They are used
-/// only while the client holds the file `Exclusive` in the session meta handed them to.
+/// Invariant: a file's kept locks are used and changed only under its turn and a pin of
+/// its cap (a request of this client), and given back under its turn (a request) or its
+/// cap's gate alone (a recall). They are used only while the client holds the file
+/// `Exclusive` in the session meta handed them to, by requests made in that session.
 #[derive(Default)]
 pub(crate) struct KeptLocks {
     files: Mutex<HashMap<InodeId, Kept>>,
@@ -97,15 +98,6 @@ enum Outcome {
     Elsewhere,
 }
 
-/// Whether the locks of a file are answered here.
-enum Local<T> {
-    Answered(T),
-    /// Not kept here: ask meta.
-    Meta,
-    /// Kept, but the client no longer holds the file `Exclusive`: give them back first.
-    Lapsed,
-}
-
 impl Client {
     fn file_lock(&self, req: &LockRequest) -> FileLock {
         let owner = LockOwner { session: self.session().session, owner: req.owner };
@@ -118,12 +110,11 @@ impl Client {
         loop {
             {
                 let _turn = self.sh.kept.turn(ino).await;
-                let _pin = self.pin(&[ino]).await;
-                let local = self.kept_locally(ino, |held| Ok(first_blocker(held, &lock)))?;
-                match local {
-                    Local::Answered(found) => return Ok(found),
-                    Local::Lapsed => give_back(&self.sh, ino).await?,
-                    Local::Meta => {}
+                self.same_session(&lock)?;
+                if let Some(found) =
+                    self.kept_locally(ino, |held| Ok(first_blocker(held, &lock))).await?
+                {
+                    return Ok(found);
                 }
                 match self.sh.session.call(MetaOp::GetLock { ino, lock }).await? {
                     MetaResponse::Lock(found) => return Ok(found),
@@ -161,40 +152,50 @@ impl Client {
         }
     }
 
+    /// A request made in a session meta has expired since (a waiter that outlived it)
+    /// fails like every other use of what the old session held.
+    fn same_session(&self, lock: &FileLock) -> Result<(), FsError> {
+        match lock.owner.session == self.sh.session.id() {
+            true => Ok(()),
+            false => Err(expired_handle()),
+        }
+    }
+
     async fn try_setlk(&self, ino: InodeId, lock: &FileLock) -> Result<Outcome, FsError> {
         let _turn = self.sh.kept.turn(ino).await;
+        self.same_session(lock)?;
         if lock.kind == LockKind::Unlock && !self.sh.kept.holds(ino) {
             // What was written under the lock must be visible to the next holder (kept
             // locks have no other holder before the cap's recall, which flushes).
             self.flush_inode(ino).await?;
         }
-        // A recall of the file's cap waits for this request, and takes back what it
-        // handed over.
-        let _pin = self.pin(&[ino]).await;
-        let local = self.kept_locally(ino, |held| match set_lock(held, lock) {
-            Ok(change) => {
-                change.apply(held);
-                Ok(Outcome::Taken)
-            }
-            Err(FsError::WouldBlock) => Ok(Outcome::Blocked),
-            Err(e) => Err(e),
-        })?;
-        match local {
-            Local::Answered(outcome) => return Ok(outcome),
-            Local::Lapsed => give_back(&self.sh, ino).await?,
-            Local::Meta => {}
+        let local = self
+            .kept_locally(ino, |held| match set_lock(held, lock) {
+                Ok(change) => {
+                    change.apply(held);
+                    Ok(Outcome::Taken)
+                }
+                Err(FsError::WouldBlock) => Ok(Outcome::Blocked),
+                Err(e) => Err(e),
+            })
+            .await?;
+        if let Some(outcome) = local {
+            return Ok(outcome);
         }
         let keep = self.sh.caps.holds(ino, CapMode::Exclusive);
         let op = match keep {
             true => MetaOp::LockAndDelegate { ino, lock: *lock },
             false => MetaOp::SetLock { ino, lock: *lock },
         };
+        // No pin of the cap is held here: the leader may wait for other sessions' acks
+        // before it answers, and their changes may wait for a recall of this client's
+        // cap. A recall that comes before the hand-over is installed finds nothing to
+        // give back; the hand-over is then given back at once below.
         match self.sh.session.call(op).await {
             Ok(MetaResponse::Done) => {}
             Ok(MetaResponse::Delegated(locks)) => {
                 let session = lock.owner.session;
                 self.sh.kept.files().insert(ino, Kept { session, locks });
-                // The cap may have lapsed while the call was out: give them back now.
                 if !self.sh.caps.holds(ino, CapMode::Exclusive) {
                     give_back(&self.sh, ino).await?;
                 }
@@ -213,24 +214,36 @@ impl Client {
     }
 
     /// Answers with `answer` over the locks this client keeps of `ino`, if it keeps them
-    /// and holds the file `Exclusive`. Kept locks of an ended session are dropped: they
-    /// ended with it. Called under the file's turn and a pin of its cap.
-    fn kept_locally<T>(
+    /// and holds the file `Exclusive`, under a pin of the cap (its recall waits). None
+    /// when meta holds them: kept locks the client may no longer use (the cap lapsed) are
+    /// given back first, and those of an ended session are dropped (they ended with
+    /// it). Called under the file's turn.
+    async fn kept_locally<T>(
         &self,
         ino: InodeId,
         answer: impl FnOnce(&mut Vec<FileLock>) -> Result<T, FsError>,
-    ) -> Result<Local<T>, FsError> {
-        let mut files = self.sh.kept.files();
-        let Some(kept) = files.get_mut(&ino) else { return Ok(Local::Meta) };
-        let session = self.sh.session.id();
-        if kept.session == session && self.sh.caps.holds(ino, CapMode::Exclusive) {
-            return answer(&mut kept.locks).map(Local::Answered);
+    ) -> Result<Option<T>, FsError> {
+        if !self.sh.kept.holds(ino) {
+            return Ok(None);
         }
-        if kept.session != session {
-            files.remove(&ino);
-            return Ok(Local::Meta);
+        let lapsed = {
+            let _pin = self.pin(&[ino]).await;
+            let mut files = self.sh.kept.files();
+            let Some(kept) = files.get_mut(&ino) else { return Ok(None) };
+            let session = self.sh.session.id();
+            if kept.session == session && self.sh.caps.holds(ino, CapMode::Exclusive) {
+                return answer(&mut kept.locks).map(Some);
+            }
+            let lapsed = kept.session == session;
+            if !lapsed {
+                files.remove(&ino);
+            }
+            lapsed
+        };
+        if lapsed {
+            give_back(&self.sh, ino).await?;
         }
-        Ok(Local::Lapsed)
+        Ok(None)
     }
 
     /// Drops every lock `owner` holds on `ino`: a process closed the file (POSIX locks
@@ -286,18 +299,25 @@ impl Client {
 }
 
 /// Gives the locks this client keeps of `ino` back to meta, if it keeps them: for the
-/// recall of the file's cap (before its ack), or when the cap lapsed. Locks that cannot
-/// be given back stay kept, to be given back by the next request or recall (the error
-/// says why); those of an ended session or a removed file ended with it.
+/// recall of the file's cap (before its ack), or when the cap lapsed. While meta cannot
+/// be reached it tries again: until they are back, meta answers every other session's
+/// lock request of the file `LocksElsewhere`. Those of an ended session or a removed
+/// file ended with it. Any other refusal is a bug; the locks are dropped and the error
+/// returned.
 pub(crate) async fn give_back(sh: &Shared, ino: InodeId) -> Result<(), FsError> {
     let Some(kept) = sh.kept.files().remove(&ino) else { return Ok(()) };
-    let op = MetaOp::ReturnLocks { ino, locks: kept.locks.clone() };
-    match sh.session.call_in(kept.session, op).await {
-        Ok(_) | Err(FsError::SessionExpired) | Err(FsError::NotFound) => Ok(()),
-        Err(e) => {
-            tracing::warn!("giving back the locks of inode {ino}: {e}");
-            sh.kept.files().entry(ino).or_insert(kept);
-            Err(e)
+    loop {
+        let op = MetaOp::ReturnLocks { ino, locks: kept.locks.clone() };
+        match sh.session.call_in(kept.session, op).await {
+            Ok(_) | Err(FsError::SessionExpired) | Err(FsError::NotFound) => return Ok(()),
+            Err(e @ (FsError::Unavailable(_) | FsError::NotLeader { .. } | FsError::Busy)) => {
+                tracing::warn!("giving back the locks of inode {ino}: {e}; trying again");
+                tokio::time::sleep(POLL_MAX).await;
+            }
+            Err(e) => {
+                tracing::error!("meta refused the locks of inode {ino} back: {e}");
+                return Err(e);
+            }
         }
     }
 }
