@@ -43,8 +43,8 @@ pub struct LockRequest {
 /// requests of this client.
 ///
 /// Invariant: a file's kept locks are used and changed only under its turn and a pin of
-/// its cap (a request of this client), and given back under its turn (a request) or its
-/// cap's gate alone (a recall). They are used only while the client holds the file
+/// its cap (a request of this client), and given back under its turn (a request, or a
+/// recall, which takes the turn before the cap's gate, as requests do). They are used only while the client holds the file
 /// `Exclusive` in the session meta handed them to, by requests made in that session.
 #[derive(Default)]
 pub(crate) struct KeptLocks {
@@ -59,7 +59,7 @@ struct Kept {
 
 /// One lock request's turn on a file: the client's requests of one file go to meta one
 /// at a time, so that none is applied there between a hand-over and its use here.
-struct Turn<'a> {
+pub(crate) struct Turn<'a> {
     kept: &'a KeptLocks,
     ino: InodeId,
     guard: Option<OwnedMutexGuard<()>>,
@@ -76,7 +76,7 @@ impl Drop for Turn<'_> {
 }
 
 impl KeptLocks {
-    async fn turn(&self, ino: InodeId) -> Turn<'_> {
+    pub(crate) async fn turn(&self, ino: InodeId) -> Turn<'_> {
         let turn = self.turns.lock().expect("lock turns poisoned").entry(ino).or_default().clone();
         Turn { kept: self, ino, guard: Some(turn.lock_owned().await) }
     }

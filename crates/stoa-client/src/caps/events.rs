@@ -188,6 +188,10 @@ pub(super) fn drop_from_kernel(kernel: &dyn KernelCache, dropped: Vec<(InodeId, 
 async fn recall(sh: Arc<Shared>, r: CapRef) {
     let session = sh.session.id();
     tracing::debug!("meta recalls the cap on inode {} (grant {})", r.ino, r.seq);
+    // The file's lock requests take their turn before the cap's gate, and so does this:
+    // a give-back below must not reach meta while a request of this client is on its way
+    // there (which could land first, on the locks meta still counts this client's).
+    let turn = sh.kept.turn(r.ino).await;
     let gate = sh.caps.gate(r.ino);
     let mut steps = RecallSteps::new();
     let dropped = {
@@ -215,6 +219,7 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
         if crate::locks::give_back(&sh, r.ino).await.is_ok() {
             steps.mark("kept locks");
         }
+        drop(turn);
         dropped
     };
     // Operations that ran uncapped meanwhile may have filled kernel pages: drop them

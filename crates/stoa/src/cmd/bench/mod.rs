@@ -11,7 +11,9 @@
 //! read and write at QD1, O_DIRECT where the filesystem takes it), `meta` (creates, stats,
 //! renames, unlinks in one directory, readdir of it, mkdir/rmdir; from 1 and 8 workers),
 //! `small` (4 KiB files written and read back), `study` (the metadata-study table:
-//! create, read, delete on 1 file and spread over 100 files). `--churn SECS` instead runs
+//! create, read, delete on 1 file and spread over 100 files), `locks` (fcntl locks taken
+//! and dropped on one file, alone and around 4 KiB write + fdatasync transactions, as a
+//! database takes them). `--churn SECS` instead runs
 //! a metadata load for failover measurements and reports the longest gap between
 //! completed operations.
 
@@ -32,8 +34,8 @@ pub struct Args {
     /// Small sizes for a check in seconds rather than minutes.
     #[arg(long)]
     quick: bool,
-    /// Workload groups, comma-separated: seq,rand,meta,small,study.
-    #[arg(long, default_value = "seq,rand,meta,small,study")]
+    /// Workload groups, comma-separated: seq,rand,meta,small,study,locks.
+    #[arg(long, default_value = "seq,rand,meta,small,study,locks")]
     only: String,
     /// Repetitions of each workload; figures are medians.
     #[arg(long, default_value_t = 3)]
@@ -62,6 +64,10 @@ pub struct Args {
     /// Operations of each kind in the study table per repetition (default 2000, quick 200).
     #[arg(long)]
     study_ops: Option<u64>,
+    /// Lock and unlock pairs per repetition; a tenth as many transactions (default 2000,
+    /// quick 200).
+    #[arg(long)]
+    lock_ops: Option<u64>,
     /// Run only a metadata churn (create, stat, unlink) for SECS seconds, for failover
     /// measurements; uses the largest --workers count.
     #[arg(long, value_name = "SECS")]
@@ -95,6 +101,7 @@ pub struct Sizes {
     pub rand_ops: u64,
     pub small_files: u64,
     pub study_ops: u64,
+    pub lock_ops: u64,
 }
 
 impl Sizes {
@@ -109,6 +116,7 @@ impl Sizes {
             rand_ops: pick(a.rand_ops, 2_000, 200),
             small_files: pick(a.small_files, 5_000, 200),
             study_ops: pick(a.study_ops, 2_000, 200),
+            lock_ops: pick(a.lock_ops, 2_000, 200),
         }
     }
 }
@@ -121,6 +129,7 @@ pub enum Workload {
     Meta { workers: u64 },
     Small,
     Study { spread: u64 },
+    Locks,
     Churn { workers: u64, secs: u64 },
 }
 
@@ -138,9 +147,10 @@ pub fn plan(only: &str, workers: &[u64], churn: Option<u64>) -> anyhow::Result<V
             "meta" => out.extend(workers.iter().map(|&w| Workload::Meta { workers: w })),
             "small" => out.push(Workload::Small),
             "study" => out.extend([1, 100].map(|spread| Workload::Study { spread })),
-            other => {
-                bail!("--only: unknown workload group `{other}` (seq, rand, meta, small, study)")
-            }
+            "locks" => out.push(Workload::Locks),
+            other => bail!(
+                "--only: unknown workload group `{other}` (seq, rand, meta, small, study, locks)"
+            ),
         }
     }
     if out.is_empty() {
@@ -169,6 +179,7 @@ fn run_once(ctx: &Ctx, w: &Workload, s: &Sizes) -> anyhow::Result<Vec<Sample>> {
         Workload::Meta { workers } => workloads::meta(ctx, workers, s.files, s.dirs),
         Workload::Small => workloads::small(ctx, s.small_files),
         Workload::Study { spread } => workloads::study(ctx, spread, s.study_ops),
+        Workload::Locks => workloads::locks(ctx, s.lock_ops),
         Workload::Churn { workers, secs } => {
             workloads::churn(ctx, workers, secs, Duration::from_secs(30))
         }
@@ -265,7 +276,7 @@ mod tests {
                 Workload::Study { spread: 100 },
             ]
         );
-        assert_eq!(plan("seq,rand,meta,small,study", &[1, 8], None).unwrap().len(), 7);
+        assert_eq!(plan("seq,rand,meta,small,study,locks", &[1, 8], None).unwrap().len(), 8);
         assert_eq!(
             plan("seq", &[1, 8], Some(20)).unwrap(),
             vec![Workload::Churn { workers: 8, secs: 20 }]

@@ -506,6 +506,71 @@ pub fn study(ctx: &Ctx, spread: u64, ops: u64) -> anyhow::Result<Vec<Sample>> {
         .collect())
 }
 
+/// Locks as a database takes them, from one process on one file: `ops` pairs of a write
+/// lock of the whole file (F_SETLKW) and its unlock, then `ops / 10` transactions of
+/// lock, 4 KiB write, fdatasync and unlock.
+pub fn locks(ctx: &Ctx, ops: u64) -> anyhow::Result<Vec<Sample>> {
+    let gap = GapClock::new();
+    let d = fresh_dir(ctx, "locks")?;
+    let path = d.join("db");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .with_context(|| format!("create {}", path.display()))?;
+    let page = [0x5au8; BLOCK_4K];
+    file.write_all_at(&page, 0).context("write the first page")?;
+    file.sync_all().context("fsync")?;
+    let lock = |kind: i32| -> anyhow::Result<()> {
+        // SAFETY: an all-zero flock is a valid value of the plain C struct.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        // SAFETY: fcntl on a descriptor we own, with a flock that lives for the call.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLKW, &fl) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("fcntl F_SETLKW");
+        }
+        gap.tick();
+        Ok(())
+    };
+    let transactions = (ops / 10).max(1);
+    let mut progress = Progress::new("locks", ops + transactions, ctx.quiet);
+    let start = Instant::now();
+    for i in 0..ops {
+        lock(libc::F_WRLCK)?;
+        lock(libc::F_UNLCK)?;
+        progress.update(i + 1);
+    }
+    let pairs = start.elapsed();
+    let start = Instant::now();
+    for i in 0..transactions {
+        lock(libc::F_WRLCK)?;
+        file.write_all_at(&page, (i % 16) * BLOCK_4K as u64).context("write")?;
+        file.sync_data().context("fdatasync")?;
+        lock(libc::F_UNLCK)?;
+        progress.update(ops + i + 1);
+    }
+    let written = start.elapsed();
+    progress.finish();
+    Ok(vec![
+        ctx.sample(
+            "locks.pairs".into(),
+            "fcntl lock + unlock of one file, 1 process".into(),
+            "pairs/s",
+            rate(ops, pairs),
+            &gap,
+        ),
+        ctx.sample(
+            "locks.transactions".into(),
+            "lock, 4 KiB write, fdatasync, unlock".into(),
+            "tx/s",
+            rate(transactions, written),
+            &gap,
+        ),
+    ])
+}
+
 /// Metadata churn for failover measurements: `workers` threads loop create, stat, unlink
 /// until `secs` pass. Errors are counted, not fatal (the point is to see whether any
 /// reach the application). Workers stuck in a call are given `grace` to return; the gap
