@@ -5,11 +5,13 @@
 # FUSE clients), and two ceilings: a local directory and a bindfs FUSE passthrough of
 # one. The same workloads on each: fio for data (sequential 1 MiB write with fsync and
 # cold read, 4 KiB random read and write at iodepth 1 and 16, the DRBD+OCFS2 users'
-# randrw job), `stoa bench` for metadata, small files and the metadata-study table, and
+# randrw job), `stoa bench` for metadata, small files, the metadata-study table and fcntl
+# locks as a database takes them, and
 # 2 concurrent clients (two mounts of the same system).
 #
 #   bench/peers.sh [--quick] [--seq-mib N] [--rand-mib N] [--runtime S] [--reps N]
-#                  [--files N] [--dirs N] [--small N] [--study-ops N] [--systems a,b,...]
+#                  [--files N] [--dirs N] [--small N] [--study-ops N] [--lock-ops N]
+#                  [--systems a,b,...]
 #
 # Each figure is the median of --reps runs, recorded with the 1-minute load average.
 # Writes bench/results/peers.csv and peers.png and prints each system's figure and
@@ -18,11 +20,11 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-seq_mib=1024 rand_mib=256 runtime=10 reps=3 files=10000 dirs=1000 small=5000 study=2000
+seq_mib=1024 rand_mib=256 runtime=10 reps=3 files=10000 dirs=1000 small=5000 study=2000 locks=2000
 systems=stoa,gluster,moosefs,ceph,local,bindfs
 while [ $# -gt 0 ]; do
     case $1 in
-        --quick) seq_mib=64 rand_mib=32 runtime=3 reps=1 files=100 dirs=20 small=100 study=50; shift ;;
+        --quick) seq_mib=64 rand_mib=32 runtime=3 reps=1 files=100 dirs=20 small=100 study=50 locks=100; shift ;;
         --seq-mib) seq_mib=$2; shift 2 ;;
         --rand-mib) rand_mib=$2; shift 2 ;;
         --runtime) runtime=$2; shift 2 ;;
@@ -31,6 +33,7 @@ while [ $# -gt 0 ]; do
         --dirs) dirs=$2; shift 2 ;;
         --small) small=$2; shift 2 ;;
         --study-ops) study=$2; shift 2 ;;
+        --lock-ops) locks=$2; shift 2 ;;
         --systems) systems=$2; shift 2 ;;
         *) sed -n '2,20p' "$0" >&2; exit 2 ;;
     esac
@@ -43,7 +46,7 @@ bench_setup peers
 csv=$out/peers.csv.partial
 echo "system,key,label,unit,median,reps,values,loadavg,notes" >"$csv"
 echo "bench: sizes: seq ${seq_mib} MiB, random ${rand_mib} MiB x ${runtime} s, ${reps} reps," \
-    "metadata ${files} files / ${dirs} dirs, ${small} small files, study ${study} ops" >&2
+    "metadata ${files} files / ${dirs} dirs, ${small} small files, study ${study} ops, ${locks} lock pairs" >&2
 
 # ---- systems: each sets up mounts $tmp/SYS/a and $tmp/SYS/b (a second client) ----
 
@@ -407,12 +410,13 @@ data_workloads() {
     rm -f "$dir/rand.bin"
 }
 
-# Metadata, small files and the study table with `stoa bench` on mount a.
+# Metadata, small files, the study table and locks with `stoa bench` on mount a.
 meta_workloads() {
     local sys=$1
-    echo "bench: $sys: stoa bench metadata, small files, study table" >&2
-    "$STOA" bench "$tmp/$sys/a" --only meta,small,study --workers 1 --files "$files" --dirs "$dirs" \
-        --small-files "$small" --study-ops "$study" --reps "$reps" --csv "$tmp/sb.csv" >&2
+    echo "bench: $sys: stoa bench metadata, small files, study table, locks" >&2
+    "$STOA" bench "$tmp/$sys/a" --only meta,small,study,locks --workers 1 --files "$files" \
+        --dirs "$dirs" --small-files "$small" --study-ops "$study" --lock-ops "$locks" \
+        --reps "$reps" --csv "$tmp/sb.csv" >&2
     python3 - "$sys" "$tmp/sb.csv" >>"$csv" <<'PY'
 import csv, sys
 for r in csv.DictReader(open(sys.argv[2])):
