@@ -44,8 +44,9 @@ pub struct LockRequest {
 ///
 /// Invariant: a file's kept locks are used and changed only under its turn and a pin of
 /// its cap (a request of this client), and given back under its turn (a request, or a
-/// recall, which takes the turn before the cap's gate, as requests do). They are used only while the client holds the file
-/// `Exclusive` in the session meta handed them to, by requests made in that session.
+/// recall, which takes the turn before the cap's gate, as requests do). They are used
+/// only while the client holds the file `Exclusive` in the session meta handed them to,
+/// by requests made in that session.
 #[derive(Default)]
 pub(crate) struct KeptLocks {
     files: Mutex<HashMap<InodeId, Kept>>,

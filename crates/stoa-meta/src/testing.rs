@@ -25,11 +25,16 @@ impl Fs {
         let init = Command::Init { cluster: CLUSTER, chunk_size_bytes: 4096, replicas, now: at(1) };
         apply(&mut kv, &init).unwrap();
         let mut fs = Fs { kv, session: SessionId(0), next_req: 1, secs: 1 };
-        match fs.call(MetaOp::OpenSession { client: "test".into() }).unwrap() {
-            MetaResponse::Session(grant) => fs.session = grant.session,
+        fs.session = fs.open_session();
+        fs
+    }
+
+    /// Opens another session (the harness goes on calling in its own).
+    pub fn open_session(&mut self) -> SessionId {
+        match self.call(MetaOp::OpenSession { client: "test".into() }).unwrap() {
+            MetaResponse::Session(grant) => grant.session,
             other => panic!("open session answered {other:?}"),
         }
-        fs
     }
 
     pub fn new() -> Fs {

@@ -122,6 +122,35 @@ fn hold_lock(path: &Path) -> Child {
     holder
 }
 
+/// Whether F_GETLK of a write lock on `path` reports a write lock held by another owner.
+fn getlk_sees_a_writer(path: &Path) -> bool {
+    let probe = sh(&format!(
+        "python3 -c 'import fcntl,os,struct; fd=os.open(\"{}\",os.O_RDWR); \
+         r=fcntl.fcntl(fd,fcntl.F_GETLK,struct.pack(\"hhqqi\",fcntl.F_WRLCK,0,0,0,0)); \
+         print(struct.unpack(\"hhqqi\",r)[0]==fcntl.F_WRLCK)'",
+        path.display()
+    ));
+    probe.trim() == "True"
+}
+
+/// Whether a non-blocking exclusive lock of `path` (F_SETLK) is refused.
+fn nonblocking_lock_refused(path: &Path) -> bool {
+    let script = "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); \
+                  fcntl.lockf(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)";
+    let out = Command::new("python3").args(["-c", script]).arg(path).output().unwrap();
+    !out.status.success()
+}
+
+/// A process that waits (F_SETLKW, at most 60 s) for an exclusive lock of `path` and
+/// exits with success once it has it.
+fn lock_waiter(path: &Path) -> Command {
+    let script =
+        "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX)";
+    let mut waiter = Command::new("timeout");
+    waiter.args(["60", "python3", "-c", script]).arg(path);
+    waiter
+}
+
 #[test]
 fn getlk_sees_a_holder_on_the_other_mount_and_a_waiter_wakes_when_it_exits() {
     let dev = Dev::start(3, 3);
@@ -131,30 +160,13 @@ fn getlk_sees_a_holder_on_the_other_mount_and_a_waiter_wakes_when_it_exits() {
     let mut holder = hold_lock(&other.path.join("held"));
 
     // F_GETLK on the first mount reports the holder; a non-blocking lock fails.
-    let probe = sh(&format!(
-        "python3 -c 'import fcntl,os,struct; fd=os.open(\"{}\",os.O_RDWR); \
-         r=fcntl.fcntl(fd,fcntl.F_GETLK,struct.pack(\"hhqqi\",fcntl.F_WRLCK,0,0,0,0)); \
-         print(struct.unpack(\"hhqqi\",r)[0]==fcntl.F_WRLCK)'",
-        file.display()
-    ));
-    assert_eq!(probe.trim(), "True", "F_GETLK did not see the other mount's lock");
-    let busy = Command::new("python3")
-        .args(["-c", "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(!busy.status.success(), "a conflicting F_SETLK succeeded");
+    assert!(getlk_sees_a_writer(&file), "F_GETLK did not see the other mount's lock");
+    assert!(nonblocking_lock_refused(&file), "a conflicting F_SETLK succeeded");
 
     // A blocked F_SETLKW wakes when the holder exits (its close drops the lock).
     let waiter = std::thread::spawn(move || {
         let started = Instant::now();
-        let ok = Command::new("timeout")
-            .args(["60", "python3", "-c"])
-            .arg("import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX)")
-            .arg(&file)
-            .status()
-            .unwrap()
-            .success();
+        let ok = lock_waiter(&file).status().unwrap().success();
         (ok, started.elapsed())
     });
     std::thread::sleep(Duration::from_millis(500));
@@ -224,25 +236,9 @@ fn a_file_locked_by_one_mount_alone_keeps_its_locks_there_until_another_asks() {
     // refused, and its waiter gets the lock when the holder exits.
     let mut holder = hold_lock(&file);
     let theirs = other.path.join("db");
-    let probe = sh(&format!(
-        "python3 -c 'import fcntl,os,struct; fd=os.open(\"{}\",os.O_RDWR); \
-         r=fcntl.fcntl(fd,fcntl.F_GETLK,struct.pack(\"hhqqi\",fcntl.F_WRLCK,0,0,0,0)); \
-         print(struct.unpack(\"hhqqi\",r)[0]==fcntl.F_WRLCK)'",
-        theirs.display()
-    ));
-    assert_eq!(probe.trim(), "True", "F_GETLK did not see the lock the other mount kept");
-    let busy = Command::new("python3")
-        .args(["-c", "import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)"])
-        .arg(&theirs)
-        .output()
-        .unwrap();
-    assert!(!busy.status.success(), "a conflicting F_SETLK succeeded");
-    let waiter = Command::new("timeout")
-        .args(["60", "python3", "-c"])
-        .arg("import fcntl,os,sys; fd=os.open(sys.argv[1],os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX)")
-        .arg(&theirs)
-        .spawn()
-        .unwrap();
+    assert!(getlk_sees_a_writer(&theirs), "F_GETLK did not see the lock the other mount kept");
+    assert!(nonblocking_lock_refused(&theirs), "a conflicting F_SETLK succeeded");
+    let waiter = lock_waiter(&theirs).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());

@@ -308,19 +308,12 @@ mod tests {
         assert_eq!(set(&mut fs, missing, lock(s, 1, 0, 1, LockKind::Read)), Err(FsError::NotFound));
     }
 
-    fn open_session(fs: &mut Fs) -> SessionId {
-        match fs.call(MetaOp::OpenSession { client: "other".into() }).unwrap() {
-            MetaResponse::Session(grant) => grant.session,
-            other => panic!("open session answered {other:?}"),
-        }
-    }
-
     #[test]
     fn a_kept_inode_answers_others_elsewhere_until_its_locks_come_back() {
         let mut fs = Fs::new();
         let a = fs.session;
         let ino = fs.create(ROOT, "f").unwrap().ino;
-        let b = open_session(&mut fs);
+        let b = fs.open_session();
         let mine = lock(a, 1, 0, 9, LockKind::Write);
         let kept = fs.call(MetaOp::LockAndDelegate { ino, lock: mine });
         assert_eq!(kept, Ok(MetaResponse::Delegated(vec![mine])));
@@ -360,7 +353,7 @@ mod tests {
         let mut fs = Fs::new();
         let a = fs.session;
         let ino = fs.create(ROOT, "f").unwrap().ino;
-        let b = open_session(&mut fs);
+        let b = fs.open_session();
         let mine = lock(a, 1, 0, EOF, LockKind::Write);
         fs.call(MetaOp::LockAndDelegate { ino, lock: mine }).unwrap();
         // Its locks are kept even when it held none at meta when it ended.
