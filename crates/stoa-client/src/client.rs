@@ -4,7 +4,7 @@ use crate::caps::{spawn_events, Access, Caps};
 use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::dirops::{DirOps, NewInode};
-use crate::file::{ErrorCursor, FileState, MetaOpen};
+use crate::file::{Durability, ErrorCursor, FileState, MetaOpen};
 use crate::locks::KeptLocks;
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
@@ -422,12 +422,24 @@ impl Client {
         self.forget_failed_writes(handle.file.ino, flushed).await
     }
 
-    /// Flushes, then makes the file's data durable on every replica.
+    /// Flushes, then makes the file's data and attributes durable: its chunks on every
+    /// replica, its size and times on meta.
     pub async fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
+        self.sync(fh, Durability::All).await
+    }
+
+    /// `fdatasync`: as [`Client::fsync`], except that a file held exclusively whose size
+    /// meta already has does not wait for the commit of its new mtime, which reading the
+    /// data back after a crash does not need (POSIX `fdatasync`).
+    pub async fn fdatasync(&self, fh: FileHandle) -> Result<(), FsError> {
+        self.sync(fh, Durability::Data).await
+    }
+
+    async fn sync(&self, fh: FileHandle, what: Durability) -> Result<(), FsError> {
         let handle = self.sh.handle(fh)?;
         // The file's create (and every other change made before) is on meta first.
         self.sync_namespace().await;
-        let synced = handle.file.fsync(&self.sh, &handle.errors).await;
+        let synced = handle.file.fsync(&self.sh, &handle.errors, what).await;
         let synced = synced.and_then(|()| self.check_session(&handle));
         self.forget_failed_writes(handle.file.ino, synced).await
     }

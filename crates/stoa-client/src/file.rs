@@ -86,6 +86,15 @@ impl MetaOpen {
     }
 }
 
+/// What an fsync makes durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Data, size and times (`fsync`).
+    All,
+    /// Data and what reading it back needs: the size, not the mtime (`fdatasync`).
+    Data,
+}
+
 pub(crate) struct FileInner {
     buffer: WriteBuffer,
     /// Extents waiting to be sent, one per chunk (a newer one merges into it).
@@ -554,6 +563,29 @@ impl FileState {
         tokio::join!(sh.session.backlog.wait_all(), written);
     }
 
+    /// [`FileState::drain`] for `fdatasync`: once the chunk writes are applied, waits for
+    /// their commits only when one may grow the size meta has, or when the file is not
+    /// held exclusively (another client may have changed that size). Left to commit
+    /// otherwise is the mtime, which goes on in the background.
+    async fn drain_data(self: &Arc<Self>, sh: &Arc<Shared>) {
+        if self.send_all(sh) {
+            return;
+        }
+        let written = async {
+            self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
+            let covered = {
+                let inner = self.lock();
+                inner.meta_size.is_some_and(|size| size >= inner.uncommitted_end)
+            };
+            if covered && sh.caps.holds(self.ino, CapMode::Exclusive) {
+                return;
+            }
+            sh.dirops.commit_log.wait_all().await;
+            self.wait_until(FileInner::is_idle).await;
+        };
+        tokio::join!(sh.session.backlog.wait_all(), written);
+    }
+
     /// Queues everything buffered and starts sending it; returns whether the file was
     /// idle already.
     fn send_all(self: &Arc<Self>, sh: &Arc<Shared>) -> bool {
@@ -644,8 +676,12 @@ impl FileState {
         self: &Arc<Self>,
         sh: &Arc<Shared>,
         seen: &ErrorCursor,
+        what: Durability,
     ) -> Result<(), FsError> {
-        self.drain(sh).await;
+        match what {
+            Durability::All => self.drain(sh).await,
+            Durability::Data => self.drain_data(sh).await,
+        }
         seen.check(&self.lock(), true)?;
         let indexes = std::mem::take(&mut self.lock().unsynced);
         let chunks: Vec<ChunkId> =

@@ -4,6 +4,7 @@
 mod support;
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use stoa_client::{Client, ClientConfig, FileKind, InodeId, Owner, SetAttr};
 use stoa_types::ChunkId;
 use support::fake_cluster::FakeCluster;
@@ -492,5 +493,51 @@ async fn a_recall_waits_only_for_the_queued_changes_naming_its_inode() {
     cluster.hold_batches.store(false, Ordering::SeqCst);
     tokio::time::timeout(std::time::Duration::from_secs(10), acked(own)).await.unwrap();
     assert!(cluster.state.lock().unwrap().opens.contains(&b.0), "acked before the open applied");
+    client.release(fh).await.unwrap();
+}
+
+/// An fdatasync of a file held exclusively whose size meta already has waits for the
+/// data on the chunk servers but not for the commit of the new mtime; an fsync waits for
+/// it, and so does an fdatasync of a write that grows the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fdatasync_of_an_overwrite_waits_for_its_data_but_not_its_mtime() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"db").await;
+    let fh = client.open(ino).await.unwrap();
+    client.write(fh, 0, &pattern(8192, 1)).await.unwrap();
+    client.fsync(fh).await.unwrap();
+    let committed = cluster.state.lock().unwrap().attrs[&ino.0].clone();
+    assert_eq!(committed.size, 8192);
+
+    cluster.hold_commits_above.store(0, Ordering::SeqCst);
+    let page = pattern(4096, 2);
+    client.write(fh, 4096, &page).await.unwrap();
+    let synced = tokio::time::timeout(Duration::from_secs(10), client.fdatasync(fh));
+    synced.await.expect("the fdatasync waited for the mtime commit").unwrap();
+    {
+        let st = cluster.state.lock().unwrap();
+        assert_eq!(st.chunks[&ChunkId { ino, index: 0 }][4096..], page[..], "data first");
+        assert!(st.synced.contains(&ChunkId { ino, index: 0 }), "the chunk was synced");
+        assert_eq!(st.attrs[&ino.0].mtime, committed.mtime, "the commit is held");
+    }
+    let waits = |sync: &'static str| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            match sync {
+                "fsync" => client.fsync(fh).await,
+                _ => client.fdatasync(fh).await,
+            }
+        })
+    };
+    let full = waits("fsync");
+    client.write(fh, 8192, &page).await.unwrap();
+    let growing = waits("fdatasync");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!full.is_finished(), "an fsync returned before the mtime was on meta");
+    assert!(!growing.is_finished(), "an fdatasync returned before the size was on meta");
+    cluster.hold_commits_above.store(u64::MAX, Ordering::SeqCst);
+    full.await.unwrap().unwrap();
+    growing.await.unwrap().unwrap();
+    assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 12288);
     client.release(fh).await.unwrap();
 }

@@ -675,10 +675,16 @@ impl Filesystem for StoaFs {
         _req: &Request,
         _ino: INodeNo,
         h: FileHandle,
-        _datasync: bool,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(|c| async move { reply_empty(reply, "fsync", c.fsync(fh(h)).await) });
+        self.spawn(move |c| async move {
+            let synced = match datasync {
+                true => c.fdatasync(fh(h)).await,
+                false => c.fsync(fh(h)).await,
+            };
+            reply_empty(reply, "fsync", synced)
+        });
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
