@@ -5,6 +5,7 @@
 mod common;
 
 use common::{sh, wait_all_within, Dev, Mount};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -243,4 +244,34 @@ fn a_file_locked_by_one_mount_alone_keeps_its_locks_there_until_another_asks() {
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
     wait_all_within(vec![waiter], 60, "the other mount's waiter");
+}
+
+/// A database page written over and `fdatasync`ed on a mount that holds the file alone
+/// is durable when the call returns, though the mount commits the new mtime later: after
+/// a kill -9 of that mount, the other mount reads the new page and the same size.
+#[test]
+fn an_fdatasynced_overwrite_survives_the_death_of_its_mount() {
+    let dev = Dev::start(3, 3);
+    let old: Vec<u8> = (0..65_536u32).map(|i| (i % 251) as u8).collect();
+    let page = vec![0xa5u8; 4096];
+    let other = Mount::new(&dev, "mnt2");
+    let theirs = other.path.join("db");
+    {
+        let mut open = std::fs::OpenOptions::new();
+        let f = open.create_new(true).read(true).write(true).open(&theirs).unwrap();
+        f.write_all_at(&old, 0).unwrap();
+        f.sync_all().unwrap();
+        for round in 0..20u64 {
+            f.write_all_at(&page, 4096 * (round % 8)).unwrap();
+            f.sync_data().unwrap();
+        }
+        // SAFETY: plain kill(2) of our own child, with the file still open.
+        unsafe { libc::kill(other.pid() as i32, libc::SIGKILL) };
+    }
+    drop(other);
+    let mut want = old;
+    want[..8 * 4096].fill(0xa5);
+    let got = std::fs::read(dev.mnt.join("db")).unwrap();
+    assert_eq!(got.len(), want.len(), "the size changed");
+    assert!(got == want, "an fdatasynced page was lost with its mount");
 }
