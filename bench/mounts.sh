@@ -30,7 +30,7 @@ say "starting stoa dev: 3 meta + 3 chunk, mount A"
 stoa_up "$tmp/cluster" "$tmp/a" 3 3
 
 bench_a() {
-    "$STOA" bench "$tmp/a" --only seq,rand,meta,small,study --workers 1 --reps "$reps" \
+    "$STOA" bench "$tmp/a" --only seq,rand,meta,small,study,locks --workers 1 --reps "$reps" \
         "${sizes[@]}" --csv "$1" >&2
 }
 
