@@ -548,6 +548,15 @@ impl FileState {
 
     /// Sends everything buffered and waits until nothing is queued or in flight.
     async fn drain(self: &Arc<Self>, sh: &Arc<Shared>) {
+        self.drain_for(sh, Durability::All).await
+    }
+
+    /// [`FileState::drain`], for what `what` makes durable. For `fdatasync`, once the
+    /// chunk writes are applied, their commits are waited for only when one may grow the
+    /// size meta has, or when the file is not held exclusively (another client may have
+    /// changed that size); left to commit otherwise is the mtime, which goes on in the
+    /// background.
+    async fn drain_for(self: &Arc<Self>, sh: &Arc<Shared>, what: Durability) {
         if self.send_all(sh) {
             return;
         }
@@ -557,33 +566,23 @@ impl FileState {
         // the queue, as soon as the last chunk write queued it.
         let written = async {
             self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
-            sh.dirops.commit_log.wait_all().await;
-            self.wait_until(FileInner::is_idle).await;
-        };
-        tokio::join!(sh.session.backlog.wait_all(), written);
-    }
-
-    /// [`FileState::drain`] for `fdatasync`: once the chunk writes are applied, waits for
-    /// their commits only when one may grow the size meta has, or when the file is not
-    /// held exclusively (another client may have changed that size). Left to commit
-    /// otherwise is the mtime, which goes on in the background.
-    async fn drain_data(self: &Arc<Self>, sh: &Arc<Shared>) {
-        if self.send_all(sh) {
-            return;
-        }
-        let written = async {
-            self.wait_until(|inner| inner.buffer.is_empty() && inner.pending == 0).await;
-            let covered = {
-                let inner = self.lock();
-                inner.meta_size.is_some_and(|size| size >= inner.uncommitted_end)
-            };
-            if covered && sh.caps.holds(self.ino, CapMode::Exclusive) {
+            if what == Durability::Data && self.size_on_meta(sh) {
                 return;
             }
             sh.dirops.commit_log.wait_all().await;
             self.wait_until(FileInner::is_idle).await;
         };
         tokio::join!(sh.session.backlog.wait_all(), written);
+    }
+
+    /// Whether meta has a size that covers every write of this file, and nobody else can
+    /// change it (the file is held exclusively).
+    fn size_on_meta(&self, sh: &Shared) -> bool {
+        let covered = {
+            let inner = self.lock();
+            inner.meta_size.is_some_and(|size| size >= inner.uncommitted_end)
+        };
+        covered && sh.caps.holds(self.ino, CapMode::Exclusive)
     }
 
     /// Queues everything buffered and starts sending it; returns whether the file was
@@ -678,10 +677,7 @@ impl FileState {
         seen: &ErrorCursor,
         what: Durability,
     ) -> Result<(), FsError> {
-        match what {
-            Durability::All => self.drain(sh).await,
-            Durability::Data => self.drain_data(sh).await,
-        }
+        self.drain_for(sh, what).await;
         seen.check(&self.lock(), true)?;
         let indexes = std::mem::take(&mut self.lock().unsynced);
         let chunks: Vec<ChunkId> =
