@@ -70,21 +70,23 @@ impl ChunkIo {
 
     /// Writes `data`, the bytes of `ranges` (`(offset, len)` in the chunk) back to back,
     /// to `chunk` through its whole chain, as one new version of the chunk. `deadline`
-    /// gives each attempt its fence (see [`Deadline`]).
+    /// gives each attempt its fence (see [`Deadline`]). A `durable` write is also a
+    /// [`ChunkIo::sync`] of the chunk, of every version up to its own.
     pub async fn write(
         &self,
         chunk: ChunkId,
         mut ranges: Vec<(u32, u32)>,
         data: Bytes,
+        durable: bool,
         deadline: Deadline<'_>,
     ) -> Result<(), FsError> {
         let id = Some(self.write_id());
         let op = match ranges.len() {
             1 => {
                 let offset = ranges.pop().expect("one range").0;
-                ChunkOp::Write { chunk, offset, version: None, id }
+                ChunkOp::Write { chunk, offset, version: None, id, durable }
             }
-            _ => ChunkOp::WriteRanges { chunk, ranges, version: None, id },
+            _ => ChunkOp::WriteRanges { chunk, ranges, version: None, id, durable },
         };
         self.to_head("write", chunk, op, data, deadline).await.map(|_| ())
     }

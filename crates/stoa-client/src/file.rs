@@ -130,8 +130,12 @@ pub(crate) struct FileInner {
     /// errseq_t): no fsync returns success over data that never reached its chain.
     error: Option<FsError>,
     error_seq: u64,
-    /// Chunks written since the last fsync.
+    /// Chunks written since the last fsync, by writes that were not durable.
     unsynced: BTreeSet<u64>,
+    /// How many fsyncs of the file are waiting for its writes: while any is, every
+    /// chunk write sent is durable ([`ChunkOp::durable`](stoa_proto::ChunkOp::durable)),
+    /// so the fsync needs no `Sync` of its own for that chunk.
+    syncing: usize,
     /// The size meta last reported, if known.
     pub meta_size: Option<u64>,
     /// The newest inode version meta reported and its size; kept when `meta_size` is
@@ -276,6 +280,7 @@ impl FileState {
                 error: None,
                 error_seq: 0,
                 unsynced: BTreeSet::new(),
+                syncing: 0,
                 meta_size: None,
                 newest_size: 0,
                 meta_version: 0,
@@ -365,20 +370,24 @@ impl FileState {
             }
             let batch = extent.into_batch();
             inner.inflight.insert(index, batch.clone());
+            let durable = inner.syncing > 0;
             let (file, sh) = (self.clone(), sh.clone());
-            tokio::spawn(async move { file.send(sh, batch).await });
+            tokio::spawn(async move { file.send(sh, batch, durable).await });
         }
     }
 
     /// Writes one chunk's batch to its chain and hands its end to the commit loop.
-    async fn send(self: Arc<Self>, sh: Arc<Shared>, batch: Batch) {
+    /// This client sends one write per chunk at a time, each after the one before it
+    /// was applied by the whole chain, so a `durable` one leaves every earlier write of
+    /// the chunk durable too.
+    async fn send(self: Arc<Self>, sh: Arc<Shared>, batch: Batch, durable: bool) {
         let index = batch.index;
         let end = batch.file_end(sh.chunk_size);
         let len = batch.data.len();
         let chunk = ChunkId { ino: self.ino, index };
         let generation = self.lock().dirty_generation.unwrap_or_else(|| sh.caps.generation());
         let deadline = || sh.caps.write_deadline(generation);
-        let result = sh.io.write(chunk, batch.ranges, batch.data, &deadline).await;
+        let result = sh.io.write(chunk, batch.ranges, batch.data, durable, &deadline).await;
         {
             let mut inner = self.lock();
             inner.inflight.remove(&index);
@@ -387,7 +396,10 @@ impl FileState {
             sh.pending_writes.fetch_sub(1, Ordering::AcqRel);
             match result {
                 Ok(()) => {
-                    inner.unsynced.insert(index);
+                    match durable {
+                        true => inner.unsynced.remove(&index),
+                        false => inner.unsynced.insert(index),
+                    };
                     if !self.commit_batched(&sh, &mut inner, end, generation) {
                         inner.commit_end = Some(inner.commit_end.map_or(end, |e| e.max(end)));
                     }
@@ -677,7 +689,10 @@ impl FileState {
         seen: &ErrorCursor,
         what: Durability,
     ) -> Result<(), FsError> {
+        self.lock().syncing += 1;
+        let syncing = Syncing(self);
         self.drain_for(sh, what).await;
+        drop(syncing);
         seen.check(&self.lock(), true)?;
         let indexes = std::mem::take(&mut self.lock().unsynced);
         let chunks: Vec<ChunkId> =
@@ -754,6 +769,16 @@ impl ErrorCursor {
             self.0.store(inner.error_seq, Ordering::Release);
         }
         inner.error.clone().map_or(Ok(()), Err)
+    }
+}
+
+/// An fsync waiting for a file's writes ([`FileInner::syncing`]), counted until it is
+/// dropped, so an fsync given up half way does not leave every later write durable.
+struct Syncing<'a>(&'a FileState);
+
+impl Drop for Syncing<'_> {
+    fn drop(&mut self) {
+        self.0.lock().syncing -= 1;
     }
 }
 

@@ -151,6 +151,35 @@ async fn busy_chunk_servers_are_retried_and_fsync_syncs_written_chunks() {
     assert_eq!(cluster.busy_writes.load(Ordering::SeqCst), 0);
 }
 
+/// An fsync of what is still buffered sends it as durable writes, each also a `Sync` of
+/// its chunk on every server of the chain: one pass down the chain, no `Sync` after it.
+/// What was sent before the fsync began still gets a `Sync`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fsync_of_buffered_writes_makes_them_durable_without_a_sync_of_its_own() {
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"journal").await;
+    let fh = client.open(ino).await.unwrap();
+    let chunk = ChunkId { ino, index: 0 };
+    client.write(fh, 0, &pattern(4096, 1)).await.unwrap();
+    client.fsync(fh).await.unwrap();
+    {
+        let st = cluster.state.lock().unwrap();
+        assert!(st.synced.contains(&chunk), "the buffered write was not made durable");
+        assert_eq!(st.sync_calls, 0, "a Sync followed the durable write");
+    }
+    cluster.state.lock().unwrap().synced.clear();
+    client.write(fh, 4096, &pattern(4096, 2)).await.unwrap();
+    client.flush(fh).await.unwrap();
+    client.fdatasync(fh).await.unwrap();
+    {
+        let st = cluster.state.lock().unwrap();
+        assert_eq!(st.sync_calls, 1, "a write sent before the fsync was not synced");
+        assert_eq!(st.synced, vec![chunk]);
+    }
+    assert_eq!(client.read(fh, 0, 8192).await.unwrap()[4096..], pattern(4096, 2)[..]);
+    client.release(fh).await.unwrap();
+}
+
 /// Found by the fault tests: a write-behind failure was reported by whichever flush
 /// came first and then forgotten. The kernel flushes on every close of a descriptor,
 /// also when a forked child execs and closes its inherited copy, so that flush took the

@@ -35,7 +35,8 @@ pub enum ChunkOp {
     /// `id` names the client's mutation (the same on every attempt, and forwarded down
     /// the chain): a head that already applied it answers with that version instead of
     /// applying it again. `None` for mutations that are idempotent anyway (meta's).
-    Write { chunk: ChunkId, offset: u32, version: Option<u64>, id: Option<WriteId> },
+    /// `durable`: see [`ChunkOp::durable`].
+    Write { chunk: ChunkId, offset: u32, version: Option<u64>, id: Option<WriteId>, durable: bool },
     /// Reads up to `len` bytes at `offset`. The answer's payload is shorter when the chunk
     /// ends first; the caller reads the missing tail as zeros (a hole).
     Read { chunk: ChunkId, offset: u32, len: u32 },
@@ -56,12 +57,13 @@ pub enum ChunkOp {
     /// Writes several ranges of one chunk as one new version: the payload holds the
     /// ranges' bytes back to back, `ranges` their `(offset, len)` in the order they are
     /// applied. Replicated like `Write`, so many small writes to one chunk cost one pass
-    /// down the chain.
+    /// down the chain. `durable`: see [`ChunkOp::durable`].
     WriteRanges {
         chunk: ChunkId,
         ranges: Vec<(u32, u32)>,
         version: Option<u64>,
         id: Option<WriteId>,
+        durable: bool,
     },
 }
 
@@ -89,6 +91,19 @@ impl ChunkOp {
             version.get_or_insert(assigned);
         }
         self
+    }
+
+    /// Whether this write is also a `Sync` of its chunk: every server of the write path,
+    /// once it has applied (or skipped) the write, makes the chunk durable while it
+    /// passes the write on, and answers when both are done. It covers every version of
+    /// the chunk up to the write's, so a client that sends one write at a time per
+    /// chunk needs no `Sync` after it for that chunk: one pass down the chain instead
+    /// of two for an `fsync` of what was still buffered.
+    pub fn durable(&self) -> bool {
+        matches!(
+            self,
+            ChunkOp::Write { durable: true, .. } | ChunkOp::WriteRanges { durable: true, .. }
+        )
     }
 
     /// The chunk this operation is about, if it is about one.
@@ -144,7 +159,13 @@ mod tests {
     #[test]
     fn a_mutation_is_forwarded_at_the_version_the_head_assigned_and_keeps_one_it_had() {
         let chunk = ChunkId { ino: InodeId(3), index: 0 };
-        let ranges = ChunkOp::WriteRanges { chunk, ranges: vec![(0, 1)], version: None, id: None };
+        let ranges = ChunkOp::WriteRanges {
+            chunk,
+            ranges: vec![(0, 1)],
+            version: None,
+            id: None,
+            durable: false,
+        };
         assert_eq!(ranges.mutation_version(), Some(None));
         let forwarded = ranges.forwarded_at(7);
         assert_eq!(forwarded.mutation_version(), Some(Some(7)));

@@ -159,6 +159,7 @@ mod tests {
                 offset: 4096,
                 version: None,
                 id: Some(WriteId { session: SessionId(3), seq: 12 }),
+                durable: true,
             },
             deadline_ms: 1_790_000_000_000,
         });

@@ -147,7 +147,7 @@ fn a_stopped_chunk_server_leaves_its_chains_and_wakes_up_unable_to_serve_stale_d
             matches!(read, Err(FsError::Unavailable(_) | FsError::StaleChain { .. })),
             "a read under the old chain version answered {read:?}"
         );
-        let write = ChunkOp::Write { chunk, offset: 0, version: None, id: None };
+        let write = ChunkOp::Write { chunk, offset: 0, version: None, id: None, durable: false };
         let wrote = chunk_call(victim_addr, old, write, b"stale");
         assert!(
             matches!(wrote, Err(FsError::Unavailable(_) | FsError::StaleChain { .. })),

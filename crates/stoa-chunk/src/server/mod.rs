@@ -461,12 +461,7 @@ impl Server {
     /// the servers' flushes matters, only that all of them finished.
     async fn sync(&self, chain: &Chain, chunks: Vec<ChunkId>) -> Result<(), FsError> {
         let successor = self.successor(chain)?;
-        let local = chunks.clone();
-        let here = async {
-            self.disk(move |e| e.sync_all(&local)).await?;
-            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        };
+        let here = self.flush_here(chunks.clone());
         let rest = async {
             match successor {
                 Some(addr) => {
@@ -478,6 +473,13 @@ impl Server {
         };
         let (here, rest) = tokio::join!(here, rest);
         here.and(rest)
+    }
+
+    /// Makes `chunks` durable on this server's disk.
+    pub(super) async fn flush_here(&self, chunks: Vec<ChunkId>) -> Result<(), FsError> {
+        self.disk(move |e| e.sync_all(&chunks)).await?;
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The address of the server after this one on the chain's write path, if any.

@@ -101,14 +101,26 @@ impl Server {
         // 15 --scenario chunk-pause`), so it gets this replica's whole copy first.
         let whole = op.mutation_version().flatten().is_some_and(|sent| sent < local);
         // Forward even what was skipped here: a server further down may still miss it,
-        // and it skips too if not.
-        if let Err(e) = self.forward(chain, chunk, op, payload, whole).await {
+        // and it skips too if not. A durable write makes the chunk durable here while it
+        // travels on (what `sync` does, for one chunk): whatever this server holds of
+        // the chunk was applied by now, so the flush covers every version up to it.
+        let durable = op.durable();
+        let flushed = async {
+            match durable {
+                true => self.flush_here(vec![chunk]).await,
+                false => Ok(()),
+            }
+        };
+        let (forwarded, flushed) =
+            tokio::join!(self.forward(chain, chunk, op, payload, whole), flushed);
+        if let Err(e) = forwarded {
             // Applied here, not (known to be) further down: this replica is ahead of
             // its successors until a later mutation of the chunk reaches all of them.
             self.unsettle(chunk);
             return Err(e);
         }
         self.settle(chunk);
+        flushed?;
         Ok(version)
     }
 

@@ -235,7 +235,12 @@ impl Cluster {
 
     async fn write(&self, chain: &Chain, chunk: ChunkId, offset: u32, data: &[u8]) -> u64 {
         match self
-            .call(0, chain, ChunkOp::Write { chunk, offset, version: None, id: None }, data)
+            .call(
+                0,
+                chain,
+                ChunkOp::Write { chunk, offset, version: None, id: None, durable: false },
+                data,
+            )
             .await
             .unwrap()
             .0
@@ -291,7 +296,13 @@ async fn a_write_to_the_head_is_readable_from_every_replica() {
             .call(
                 1,
                 &chain,
-                ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None },
+                ChunkOp::Write {
+                    chunk: chunk(0),
+                    offset: 0,
+                    version: None,
+                    id: None,
+                    durable: false,
+                },
                 b"x",
             )
             .await;
@@ -314,7 +325,13 @@ async fn a_retried_write_is_idempotent_and_truncate_replicates() {
             assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 2);
         }
         // A forwarded write that arrives twice is skipped the second time.
-        let again = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2), id: None };
+        let again = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: Some(2),
+            id: None,
+            durable: false,
+        };
         c.call(2, &chain, again, b"zzzzz").await.unwrap();
         assert_eq!(c.read(2, &chain, chunk(0)).await.unwrap(), want);
         let cut = ChunkOp::Truncate { chunk: chunk(0), len: 102, version: None, id: None };
@@ -349,7 +366,8 @@ async fn a_full_member_leaves_no_replica_serving_a_write_it_refused() {
         c.write(&without, chunk(0), 0, b"old").await;
         let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
         c.converge().await;
-        let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None };
+        let write =
+            ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None, durable: false };
         let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
         assert!(
             matches!(err, FsError::Unavailable(ref m) if m.contains("out of space")),
@@ -408,7 +426,13 @@ async fn a_full_head_asks_to_leave_its_chains_and_applies_nothing() {
 /// Writes `new` to chunk 0 at server 0, a full head: refused with `NoSpace`, and
 /// reported to meta. Returns the write, for its retry on the chain without the head.
 async fn refused_by_full_head(c: &Cluster, chain: &Chain) -> ChunkOp {
-    let write = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+    let write = ChunkOp::Write {
+        chunk: chunk(0),
+        offset: 0,
+        version: None,
+        id: write_id(1),
+        durable: false,
+    };
     let err = c.call(0, chain, write.clone(), b"new").await.unwrap_err();
     assert_eq!(err, FsError::NoSpace);
     eventually("the full head reports to meta", || {
@@ -456,7 +480,13 @@ async fn many_ranges_of_a_chunk_replicate_as_one_version() {
         let chain = c.chain();
         c.write(&chain, chunk(0), 0, &[1u8; 12_288]).await;
         let ranges = vec![(0, 2), (8_192, 4_096), (20_000, 3)];
-        let op = ChunkOp::WriteRanges { chunk: chunk(0), ranges, version: None, id: None };
+        let op = ChunkOp::WriteRanges {
+            chunk: chunk(0),
+            ranges,
+            version: None,
+            id: None,
+            durable: false,
+        };
         let payload: Vec<u8> = [&b"ab"[..], &[9u8; 4_096], b"xyz"].concat();
         let (resp, _) = c.call(0, &chain, op, &payload).await.unwrap();
         assert_eq!(resp, ChunkResponse::Written { version: 2 });
@@ -470,8 +500,13 @@ async fn many_ranges_of_a_chunk_replicate_as_one_version() {
             assert_eq!(c.server(i).server.engine.version(chunk(0)).unwrap(), 2);
         }
         // Ranges that do not add up to the payload are refused before anything changes.
-        let bad =
-            ChunkOp::WriteRanges { chunk: chunk(0), ranges: vec![(0, 5)], version: None, id: None };
+        let bad = ChunkOp::WriteRanges {
+            chunk: chunk(0),
+            ranges: vec![(0, 5)],
+            version: None,
+            id: None,
+            durable: false,
+        };
         let err = c.call(0, &chain, bad, b"abc").await;
         assert!(matches!(err, Err(FsError::Invalid(_))), "{err:?}");
         assert_eq!(c.server(0).server.engine.version(chunk(0)).unwrap(), 2);
@@ -485,7 +520,13 @@ async fn a_client_write_past_its_deadline_is_refused_and_changes_nothing() {
         let c = Cluster::start().await;
         let chain = c.chain();
         let now = Timestamp::now().as_millis();
-        let write = || ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None };
+        let write = || ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: None,
+            durable: false,
+        };
         c.call_until(0, &chain, write(), b"fresh", now + 60_000).await.unwrap();
         let late = c.call_until(0, &chain, write(), b"stale", now - 1).await;
         assert_eq!(late.unwrap_err(), FsError::SessionExpired);
@@ -531,7 +572,13 @@ async fn a_server_removed_from_a_chain_refuses_reads_and_writes() {
             matches!(err, FsError::Unavailable(ref m) if m.contains("active member")),
             "{err:?}"
         );
-        let forwarded = ChunkOp::Write { chunk: chunk(0), offset: 0, version: Some(2), id: None };
+        let forwarded = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: Some(2),
+            id: None,
+            durable: false,
+        };
         assert!(c.call(2, &after, forwarded, b"x").await.is_err());
         // The shorter chain still takes writes, and the removed server does not see them.
         c.write(&after, chunk(0), 0, b"v2").await;
@@ -611,18 +658,35 @@ async fn a_retry_of_an_applied_mutation_is_not_applied_again_over_a_later_write(
         let c = Cluster::start().await;
         let chain = c.chain();
         let written = |version| ChunkResponse::Written { version };
-        let first =
-            || ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let first = || ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: false,
+        };
         assert_eq!(c.call(0, &chain, first(), b"first").await.unwrap().0, written(1));
         // Another client writes the same bytes; then the first client, whose answer was
         // lost, sends its write again: it is answered with its first version, not applied.
         let other = WriteId { session: SessionId(10), seq: 1 };
-        let later = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: Some(other) };
+        let later = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: Some(other),
+            durable: false,
+        };
         assert_eq!(c.call(0, &chain, later, b"LATER").await.unwrap().0, written(2));
         assert_eq!(c.call(0, &chain, first(), b"first").await.unwrap().0, written(1));
         let cut = || ChunkOp::Truncate { chunk: chunk(0), len: 2, version: None, id: write_id(2) };
         assert_eq!(c.call(0, &chain, cut(), b"").await.unwrap().0, written(3));
-        let grow = ChunkOp::Write { chunk: chunk(0), offset: 2, version: None, id: write_id(3) };
+        let grow = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 2,
+            version: None,
+            id: write_id(3),
+            durable: false,
+        };
         assert_eq!(c.call(0, &chain, grow, b"TER").await.unwrap().0, written(4));
         assert_eq!(c.call(0, &chain, cut(), b"").await.unwrap().0, written(3));
         for i in 0..3 {
@@ -644,7 +708,13 @@ async fn a_retry_behind_a_later_write_brings_the_replicas_to_the_later_write() {
         head.write(chunk(0), 0, b"first", None, write_id(1)).unwrap();
         let other = Some(WriteId { session: SessionId(10), seq: 1 });
         head.write(chunk(0), 0, b"LATER", None, other).unwrap();
-        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let retry = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: false,
+        };
         let answer = c.call(0, &chain, retry, b"first").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 1 });
         // No replica may take the retried write alone: it would serve "first", which
@@ -668,14 +738,26 @@ async fn a_retry_to_a_new_head_reaches_the_replicas_the_first_attempt_missed() {
         engines[1].write(chunk(0), 0, b"first", Some(1), write_id(1)).unwrap();
         let short = c.meta.set_chain(&[c.node(1), c.node(2)], &[]);
         c.converge().await;
-        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let retry = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: false,
+        };
         let answer = c.call(1, &short, retry, b"first").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 1 });
         let tail = c.server(2).server.engine.fetch(chunk(0)).unwrap();
         assert_eq!((tail.version, &tail.data[..]), (1, &b"first"[..]));
         // The tail remembers the write too, so it would know the retry as head.
         assert_eq!(tail.writes, engines[1].fetch(chunk(0)).unwrap().writes);
-        let again = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(2) };
+        let again = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(2),
+            durable: false,
+        };
         let answer = c.call(1, &short, again, b"again").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 2 });
         assert_eq!(c.read(2, &short, chunk(0)).await.unwrap(), &b"again"[..]);
@@ -724,7 +806,13 @@ async fn a_write_stuck_on_a_stopped_successor_ends_when_the_chain_moves_on() {
         // The chain's tail is stopped: the middle server's forward gets no answer while
         // it, and the head, hold the chunk's ordering lock.
         let (chain, arrived) = c.chain_with_stopped_tail().await;
-        let op = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let op = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: false,
+        };
         let stuck = c.call(0, &chain, op, b"first");
         let moved = async {
             arrived.await.unwrap();
@@ -738,7 +826,13 @@ async fn a_write_stuck_on_a_stopped_successor_ends_when_the_chain_moves_on() {
         assert!(matches!(err, FsError::StaleChain { .. }), "{err:?}");
         // The retry takes the ordering lock at once and reaches both replicas.
         c.converge().await;
-        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let retry = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: false,
+        };
         let answer = c.call(0, &short, retry, b"first").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 1 });
         assert_eq!(c.read(1, &short, chunk(0)).await.unwrap(), &b"first"[..]);
@@ -758,7 +852,13 @@ async fn a_write_not_yet_at_the_tail_is_read_from_no_replica() {
         // The tail stops answering: the next write is applied at the head and the middle
         // and waits there for the tail.
         let (chain, arrived) = c.chain_with_stopped_tail().await;
-        let op = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let op = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: false,
+        };
         let stuck = c.call(0, &chain, op, b"new");
         let reads = async {
             arrived.await.unwrap();
@@ -775,7 +875,13 @@ async fn a_write_not_yet_at_the_tail_is_read_from_no_replica() {
         assert!(stuck.is_err());
         // The writer's retry on the new chain settles it; then every replica answers.
         c.converge().await;
-        let retry = ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: write_id(1) };
+        let retry = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: false,
+        };
         c.call(0, &short, retry, b"new").await.unwrap();
         for i in [0, 1] {
             assert_eq!(c.read(i, &short, chunk(0)).await.unwrap(), &b"new"[..]);
@@ -797,7 +903,13 @@ async fn writes_during_a_resync_reach_the_syncing_server() {
         c.meta.set_chain(&[c.node(0), c.node(1)], &[c.node(2)]);
         loop {
             let chain = c.chain();
-            let op = ChunkOp::Write { chunk: chunk(0), offset: 6, version: None, id: write_id(1) };
+            let op = ChunkOp::Write {
+                chunk: chunk(0),
+                offset: 6,
+                version: None,
+                id: write_id(1),
+                durable: false,
+            };
             match c.call(0, &chain, op, b"+after").await {
                 Ok(_) => break,
                 // The resync may finish first and move the chain on.
@@ -873,6 +985,42 @@ async fn sync_reaches_every_replica() {
         assert_eq!(resp, ChunkResponse::Done);
         for (i, b) in before.iter().enumerate() {
             assert_eq!(c.server(i).server.stats.syncs.load(Ordering::Relaxed), b + 1, "server {i}");
+        }
+    })
+    .await;
+}
+
+/// A durable write is a `Sync` of its chunk as well, on every server of the chain; so
+/// is its retry, which every server recognises and passes on without applying it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_write_is_flushed_on_every_replica_and_so_is_its_retry() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let syncs = || -> Vec<u64> {
+            (0..3).map(|i| c.server(i).server.stats.syncs.load(Ordering::Relaxed)).collect()
+        };
+        c.write(&chain, chunk(0), 0, b"buffered").await;
+        assert_eq!(syncs(), [0, 0, 0], "a write that is not durable was flushed");
+        let durable = ChunkOp::Write {
+            chunk: chunk(0),
+            offset: 0,
+            version: None,
+            id: write_id(1),
+            durable: true,
+        };
+        for (attempt, expected) in [(1, 1), (2, 2)] {
+            let (resp, _) = c.call(0, &chain, durable.clone(), b"durable").await.unwrap();
+            assert_eq!(resp, ChunkResponse::Written { version: 2 }, "attempt {attempt}");
+            assert_eq!(syncs(), [expected; 3], "attempt {attempt}");
+        }
+        for i in 0..3 {
+            let (_, data) = c
+                .call(i, &chain, ChunkOp::Read { chunk: chunk(0), offset: 0, len: 16 }, b"")
+                .await
+                .unwrap();
+            // The 7 bytes over the 8 written first.
+            assert_eq!(&data[..], b"durabled", "server {i}");
         }
     })
     .await;

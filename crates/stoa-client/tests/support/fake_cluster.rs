@@ -30,7 +30,10 @@ pub struct State {
     /// Sessions opened so far; `expired` ones are refused like meta refuses them.
     pub sessions: u64,
     pub expired: std::collections::HashSet<u64>,
+    /// Chunks made durable: by a `Sync`, or by a durable write.
     pub synced: Vec<ChunkId>,
+    /// `Sync` calls answered.
+    pub sync_calls: u64,
     /// Chunk writes (`Write` and `WriteRanges`) answered.
     pub chunk_writes: u64,
     /// `GetAttr` calls answered.
@@ -453,6 +456,9 @@ impl Handler {
     fn chunk(&self, req: ChunkRequest, payload: Bytes) -> (Reply, Bytes) {
         let mut st = self.state.lock().unwrap();
         let done = |r: ChunkResponse| Ok(Response::Chunk(r));
+        if let Some(chunk) = req.op.chunk().filter(|_| req.op.durable()) {
+            st.synced.push(chunk);
+        }
         match req.op {
             ChunkOp::Write { chunk, offset, .. } => {
                 let ranges = vec![(offset, payload.len() as u32)];
@@ -479,6 +485,7 @@ impl Handler {
             }
             ChunkOp::Sync { chunks } => {
                 st.synced.extend(chunks);
+                st.sync_calls += 1;
                 (done(ChunkResponse::Done), Bytes::new())
             }
             _ => (Err(FsError::NotSupported), Bytes::new()),
