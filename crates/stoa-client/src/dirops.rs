@@ -35,7 +35,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stoa_proto::{BatchOp, CapMode, Commit, MetaOp, MetaResponse};
-use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, Timestamp};
+use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp};
 
 /// Directories remembered with a loss at most; past it, those already reported go.
 const LOST_MAX: usize = 4096;
@@ -338,6 +338,31 @@ impl Client {
         }
     }
 
+    /// Changes the mode or owner of `ino` here if this client holds it exclusively with
+    /// its attributes: records the change, queues it, and answers with the attributes it
+    /// left; `None` when it must go to meta. Nobody else sees the inode before a recall
+    /// of the cap, whose ack waits for what is queued. SQLite changes the owner of every
+    /// journal it creates as root to the one it already has: a Raft entry each, on the
+    /// path of every transaction, before. Not while a size commit of the file is queued
+    /// or on its way: meta could apply it first and answer with the attributes from
+    /// before the change, which the cache would take as newer. The file's lock, held
+    /// until the change is queued, keeps a commit from being queued meanwhile; one
+    /// queued after it reaches meta after it.
+    pub(crate) async fn setattr_here(&self, ino: InodeId, set: &SetAttr) -> Option<Attr> {
+        let _pin = self.pin(&[ino]).await;
+        let file = self.sh.open_file(ino);
+        let inner = file.as_ref().map(|f| f.lock());
+        if inner.as_ref().is_some_and(|inner| inner.commit_pending()) {
+            return None;
+        }
+        let at = Timestamp::now();
+        let (attr, generation) = self.sh.caps.record_attr(ino, set, at)?;
+        let op = BatchOp::SetAttr { ino, set: set.clone(), at };
+        queue(&self.sh, op, &[ino], Some(generation));
+        drop(inner);
+        Some(attr)
+    }
+
     /// Queues, in order with this client's other changes, telling meta that it closed
     /// its last handle of `ino`; returns the change's backlog number.
     pub(crate) fn queue_release(&self, ino: InodeId) -> u64 {
@@ -478,7 +503,8 @@ impl Lane {
 /// Queues namespace change `op`, which names the inodes `named` (a recall of one of them
 /// waits for it), for meta and starts a sender if none runs; returns its backlog number.
 fn queue(sh: &Arc<Shared>, op: BatchOp, named: &[InodeId], generation: Option<u64>) -> u64 {
-    let entries = !matches!(op, BatchOp::Open { .. } | BatchOp::Release { .. });
+    let entries =
+        !matches!(op, BatchOp::Open { .. } | BatchOp::Release { .. } | BatchOp::SetAttr { .. });
     let backlog = &sh.session.backlog;
     let number = enqueue(sh, Lane::Namespace, Op::Change(op), 0, generation);
     backlog.note_names(number, named);
@@ -632,6 +658,13 @@ fn refused(sh: &Shared, op: &Op, e: &FsError) {
         BatchOp::Open { ino } => {
             if let Some(file) = sh.open_file(*ino) {
                 file.lock().fail(FsError::Io(format!("meta refused the open of inode {ino}: {e}")));
+            }
+        }
+        BatchOp::SetAttr { ino, .. } => {
+            sh.caps.forget(&[*ino], &[]);
+            if let Some(file) = sh.open_file(*ino) {
+                let lost = format!("meta refused a mode or owner change of inode {ino}: {e}");
+                file.lock().fail(FsError::Io(lost));
             }
         }
         BatchOp::Release { .. } => {}

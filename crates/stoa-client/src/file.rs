@@ -180,6 +180,11 @@ impl FileInner {
         self.finished_through() >= through && (self.committed_through >= through || no_commit)
     }
 
+    /// Whether a size commit of the file is queued or on its way to meta.
+    pub fn commit_pending(&self) -> bool {
+        self.committing || self.batched.is_some()
+    }
+
     pub fn is_idle(&self) -> bool {
         self.buffer.is_empty()
             && self.pending == 0

@@ -27,8 +27,15 @@ impl Client {
 
     /// Changes attributes. A size change cuts or extends the data first; any change waits
     /// for this client's pending writes, whose commits would otherwise overwrite a newly
-    /// set mtime or size.
+    /// set mtime or size. A mode or owner change of an inode this client holds
+    /// exclusively is made here and sent in a batch (a size commit does not touch them,
+    /// and never sets the change time back).
     pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr, FsError> {
+        if set.size.is_none() && set.atime.is_none() && set.mtime.is_none() {
+            if let Some(attr) = self.setattr_here(ino, &set).await {
+                return Ok(self.adjust(attr));
+            }
+        }
         let sent = self.sh.caps.epoch();
         let attr = if set.size.is_some() {
             let old = self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?;

@@ -200,7 +200,7 @@ async fn a_write_behind_error_reaches_the_fsync_of_every_open_handle() {
     // A flush without a handle (syncfs) waits for them, reports their failure, and
     // leaves the error to the handles too.
     assert_eq!(client.flush_all().await, Err(FsError::NoSpace));
-    // A chmod flushes too, and has nothing new to report.
+    // A chmod (made here: the file is held exclusively) reports nothing.
     client.setattr(ino, SetAttr { perm: Some(0o600), ..SetAttr::default() }).await.unwrap();
     // A flush reports it without consuming it.
     assert_eq!(client.flush(a).await, Err(FsError::NoSpace));

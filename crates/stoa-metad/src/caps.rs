@@ -785,7 +785,9 @@ pub(crate) fn parents(op: &MetaOp) -> Vec<InodeId> {
                     vec![*parent]
                 }
                 BatchOp::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
-                BatchOp::Open { .. } | BatchOp::Release { .. } => vec![],
+                BatchOp::Open { .. } | BatchOp::Release { .. } | BatchOp::SetAttr { .. } => {
+                    vec![]
+                }
             })
             .collect(),
         _ => vec![],
@@ -818,11 +820,16 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
                 BatchOp::Rename { parent, name, new_parent, new_name, .. } => {
                     vec![(*parent, name.clone()), (*new_parent, new_name.clone())]
                 }
-                BatchOp::Create { .. } | BatchOp::Open { .. } | BatchOp::Release { .. } => {
-                    vec![]
-                }
+                BatchOp::Create { .. }
+                | BatchOp::Open { .. }
+                | BatchOp::Release { .. }
+                | BatchOp::SetAttr { .. } => vec![],
             });
-            (vec![], named.collect())
+            let changed = ops.iter().filter_map(|op| match op {
+                BatchOp::SetAttr { ino, .. } => Some(*ino),
+                _ => None,
+            });
+            (changed.collect(), named.collect())
         }
         // A client sends these only for files it holds alone: the recall finds nobody
         // else then, but a client that breaks that rule still gets no other session's

@@ -51,7 +51,8 @@ use stoa_types::FsError;
 /// the directory's version; `CapEvents` polls are numbered.
 /// 8: `LockAndDelegate` and `ReturnLocks`: a client that holds a file exclusively keeps
 /// its locks; `GetLock` and `SetLock` may answer `LocksElsewhere`.
-/// 9: chunk writes say whether they are durable (a `Sync` of their chunk as well).
+/// 9: chunk writes say whether they are durable (a `Sync` of their chunk as well);
+/// `BatchOp::SetAttr`.
 pub const PROTOCOL_VERSION: u8 = 9;
 
 /// Every request, by service.

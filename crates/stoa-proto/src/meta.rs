@@ -363,6 +363,10 @@ pub enum BatchOp {
     /// whose one name lies in a directory the session holds exclusively, so that no
     /// other session can take that name before the batch applies.
     Open { ino: InodeId },
+    /// Changes the mode or owner of `ino`, at `at` (its ctime), as [`MetaOp::SetAttr`]
+    /// without a size or times: sent in a batch only for an inode the session holds
+    /// exclusively, which answered the change itself.
+    SetAttr { ino: InodeId, set: SetAttr, at: Timestamp },
 }
 
 /// Data up to `size` of file `ino` is written, at `at` (when the client's chunk writes

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
-use stoa_types::{Attr, DirEntry, FileKind, FsError, InodeId, SessionId, Timestamp};
+use stoa_types::{Attr, DirEntry, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 mod events;
@@ -455,6 +455,25 @@ impl Caps {
         Caps::remaining(&t)?;
         let h = t.held.get(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
         h.attr.clone()
+    }
+
+    /// Records a mode or owner change this client made itself, at `at`, of `ino`, which
+    /// it holds exclusively with its attributes: returns the new attributes and the caps
+    /// generation, or `None` (nothing recorded) when the cap or its attributes are gone.
+    pub fn record_attr(&self, ino: InodeId, set: &SetAttr, at: Timestamp) -> Option<(Attr, u64)> {
+        let mut t = self.lock();
+        Caps::remaining(&t)?;
+        let generation = t.generation;
+        let h = t.held.get_mut(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
+        let attr = h.attr.as_mut()?;
+        if let Some(perm) = set.perm {
+            attr.perm = perm & 0o7777;
+        }
+        attr.uid = set.uid.unwrap_or(attr.uid);
+        attr.gid = set.gid.unwrap_or(attr.gid);
+        attr.ctime = at;
+        attr.version += 1;
+        Some((attr.clone(), generation))
     }
 
     /// How many entries the listing of directory `ino` has, if this client holds it.

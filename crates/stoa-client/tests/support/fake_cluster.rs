@@ -389,7 +389,8 @@ impl Handler {
             }
             // Directories are never handed out here, so the client makes every namespace
             // change through meta; its batches carry only the opens of files it holds a
-            // cap on and the releases of last closes.
+            // cap on, the releases of last closes, and mode changes of files it holds
+            // exclusively.
             MetaOp::TakeDir { .. } => MetaResponse::Dir(None),
             MetaOp::Batch { ops } => MetaResponse::Batch(
                 ops.into_iter()
@@ -398,6 +399,9 @@ impl Handler {
                             self.apply(st, MetaOp::Release { ino }).map(drop)
                         }
                         BatchOp::Open { ino } => self.apply(st, MetaOp::Open { ino }).map(drop),
+                        BatchOp::SetAttr { ino, set, .. } => {
+                            self.apply(st, MetaOp::SetAttr { ino, set }).map(drop)
+                        }
                         _ => Err(FsError::NotSupported),
                     })
                     .collect(),

@@ -148,6 +148,14 @@ fn apply_one(
         }
         BatchOp::Release { ino } => super::session::release(kv, session, *ino, now).map(drop),
         BatchOp::Open { ino } => super::session::open_file(kv, session, *ino).map(drop),
+        BatchOp::SetAttr { ino, set, at } => {
+            if set.size.is_some() || set.atime.is_some() || set.mtime.is_some() {
+                return Err(FsError::Invalid(
+                    "a batched attribute change sets only the mode and the owner".into(),
+                ));
+            }
+            super::setattr::setattr(kv, *ino, set, *at).map(drop)
+        }
     }
 }
 
@@ -177,7 +185,7 @@ mod tests {
     use super::*;
     use crate::testing::{Fs, ROOT};
     use stoa_proto::MetaOp;
-    use stoa_types::Timestamp;
+    use stoa_types::{SetAttr, SetTime, Timestamp};
 
     fn node(ino: InodeId, at: Place<'_>, kind: FileKind, open: bool, time: Timestamp) -> BatchOp {
         BatchOp::Create {
@@ -315,5 +323,35 @@ mod tests {
         }
         let too_many = vec![BatchOp::Release { ino: first }; BATCH_OPS_MAX + 1];
         assert!(matches!(fs.call(MetaOp::Batch { ops: too_many }), Err(FsError::Invalid(_))));
+    }
+
+    /// A batched mode or owner change applies at the client's time; one with a size or
+    /// times is refused, and a size commit with an earlier time keeps the change time.
+    #[test]
+    fn a_batched_attribute_change_sets_mode_and_owner_at_the_clients_time() {
+        let mut fs = Fs::new();
+        let ino = reserve(&mut fs, 1);
+        let made = Timestamp { secs: 100, nanos: 0 };
+        let at = Timestamp { secs: 200, nanos: 7 };
+        let set = SetAttr { perm: Some(0o600), uid: Some(0), gid: Some(9), ..SetAttr::default() };
+        let chown = BatchOp::SetAttr { ino, set, at };
+        let grow =
+            BatchOp::SetAttr { ino, set: SetAttr { size: Some(1), ..SetAttr::default() }, at };
+        let touch = BatchOp::SetAttr {
+            ino,
+            set: SetAttr { mtime: Some(SetTime::Now), ..SetAttr::default() },
+            at,
+        };
+        let results = run(&mut fs, vec![file(ino, ROOT, "j", made), chown, grow, touch]);
+        assert_eq!(results[..2], [Ok(()), Ok(())]);
+        assert!(matches!(results[2], Err(FsError::Invalid(_))), "{:?}", results[2]);
+        assert!(matches!(results[3], Err(FsError::Invalid(_))), "{:?}", results[3]);
+        let attr = fs.attr(MetaOp::GetAttr { ino }).unwrap();
+        assert_eq!((attr.perm, attr.uid, attr.gid), (0o600, 0, 9));
+        assert_eq!((attr.ctime, attr.mtime), (at, made));
+        let commit = stoa_proto::Commit { ino, size: 10, at: Timestamp { secs: 150, nanos: 0 } };
+        fs.call(MetaOp::CommitWrites { commits: vec![commit.clone()] }).unwrap();
+        let attr = fs.attr(MetaOp::GetAttr { ino }).unwrap();
+        assert_eq!((attr.size, attr.mtime, attr.ctime), (10, commit.at, at));
     }
 }

@@ -64,7 +64,9 @@ fn grow(kv: &mut impl KvWrite, ino: InodeId, size: u64, at: Timestamp) -> Result
     check_is_file(rec.attr.kind, ino)?;
     rec.attr.size = rec.attr.size.max(size);
     rec.attr.mtime = at;
-    rec.attr.ctime = at;
+    // A mode or owner change the client batched may have applied first with a later
+    // time; the change time does not go back.
+    rec.attr.ctime = rec.attr.ctime.max(at);
     save_inode(kv, &mut rec)?;
     Ok(rec.attr)
 }
