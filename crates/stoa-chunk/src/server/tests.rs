@@ -266,6 +266,11 @@ fn write_id(seq: u64) -> Option<WriteId> {
     Some(WriteId { session: SessionId(9), seq })
 }
 
+/// A client's write of chunk 0 at `offset`, as it reaches the head: no version yet.
+fn client_write(offset: u32, id: Option<WriteId>) -> ChunkOp {
+    ChunkOp::Write { chunk: chunk(0), offset, version: None, id, durable: false }
+}
+
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !check() {
@@ -292,20 +297,7 @@ async fn a_write_to_the_head_is_readable_from_every_replica() {
             assert!(c.read(i, &chain, chunk(1)).await.unwrap().is_empty());
         }
         // Only the head takes client writes.
-        let err = c
-            .call(
-                1,
-                &chain,
-                ChunkOp::Write {
-                    chunk: chunk(0),
-                    offset: 0,
-                    version: None,
-                    id: None,
-                    durable: false,
-                },
-                b"x",
-            )
-            .await;
+        let err = c.call(1, &chain, client_write(0, None), b"x").await;
         assert!(matches!(err, Err(FsError::Unavailable(ref m)) if m.contains("head")), "{err:?}");
     })
     .await;
@@ -366,8 +358,7 @@ async fn a_full_member_leaves_no_replica_serving_a_write_it_refused() {
         c.write(&without, chunk(0), 0, b"old").await;
         let chain = c.meta.set_chain(&[c.node(0), c.node(1), c.node(2)], &[]);
         c.converge().await;
-        let write =
-            ChunkOp::Write { chunk: chunk(0), offset: 0, version: None, id: None, durable: false };
+        let write = client_write(0, None);
         let err = c.call(0, &chain, write.clone(), b"new").await.unwrap_err();
         assert!(
             matches!(err, FsError::Unavailable(ref m) if m.contains("out of space")),
@@ -426,13 +417,7 @@ async fn a_full_head_asks_to_leave_its_chains_and_applies_nothing() {
 /// Writes `new` to chunk 0 at server 0, a full head: refused with `NoSpace`, and
 /// reported to meta. Returns the write, for its retry on the chain without the head.
 async fn refused_by_full_head(c: &Cluster, chain: &Chain) -> ChunkOp {
-    let write = ChunkOp::Write {
-        chunk: chunk(0),
-        offset: 0,
-        version: None,
-        id: write_id(1),
-        durable: false,
-    };
+    let write = client_write(0, write_id(1));
     let err = c.call(0, chain, write.clone(), b"new").await.unwrap_err();
     assert_eq!(err, FsError::NoSpace);
     eventually("the full head reports to meta", || {
@@ -520,13 +505,7 @@ async fn a_client_write_past_its_deadline_is_refused_and_changes_nothing() {
         let c = Cluster::start().await;
         let chain = c.chain();
         let now = Timestamp::now().as_millis();
-        let write = || ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: None,
-            durable: false,
-        };
+        let write = || client_write(0, None);
         c.call_until(0, &chain, write(), b"fresh", now + 60_000).await.unwrap();
         let late = c.call_until(0, &chain, write(), b"stale", now - 1).await;
         assert_eq!(late.unwrap_err(), FsError::SessionExpired);
@@ -658,35 +637,17 @@ async fn a_retry_of_an_applied_mutation_is_not_applied_again_over_a_later_write(
         let c = Cluster::start().await;
         let chain = c.chain();
         let written = |version| ChunkResponse::Written { version };
-        let first = || ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(1),
-            durable: false,
-        };
+        let first = || client_write(0, write_id(1));
         assert_eq!(c.call(0, &chain, first(), b"first").await.unwrap().0, written(1));
         // Another client writes the same bytes; then the first client, whose answer was
         // lost, sends its write again: it is answered with its first version, not applied.
         let other = WriteId { session: SessionId(10), seq: 1 };
-        let later = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: Some(other),
-            durable: false,
-        };
+        let later = client_write(0, Some(other));
         assert_eq!(c.call(0, &chain, later, b"LATER").await.unwrap().0, written(2));
         assert_eq!(c.call(0, &chain, first(), b"first").await.unwrap().0, written(1));
         let cut = || ChunkOp::Truncate { chunk: chunk(0), len: 2, version: None, id: write_id(2) };
         assert_eq!(c.call(0, &chain, cut(), b"").await.unwrap().0, written(3));
-        let grow = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 2,
-            version: None,
-            id: write_id(3),
-            durable: false,
-        };
+        let grow = client_write(2, write_id(3));
         assert_eq!(c.call(0, &chain, grow, b"TER").await.unwrap().0, written(4));
         assert_eq!(c.call(0, &chain, cut(), b"").await.unwrap().0, written(3));
         for i in 0..3 {
@@ -708,13 +669,7 @@ async fn a_retry_behind_a_later_write_brings_the_replicas_to_the_later_write() {
         head.write(chunk(0), 0, b"first", None, write_id(1)).unwrap();
         let other = Some(WriteId { session: SessionId(10), seq: 1 });
         head.write(chunk(0), 0, b"LATER", None, other).unwrap();
-        let retry = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(1),
-            durable: false,
-        };
+        let retry = client_write(0, write_id(1));
         let answer = c.call(0, &chain, retry, b"first").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 1 });
         // No replica may take the retried write alone: it would serve "first", which
@@ -738,26 +693,14 @@ async fn a_retry_to_a_new_head_reaches_the_replicas_the_first_attempt_missed() {
         engines[1].write(chunk(0), 0, b"first", Some(1), write_id(1)).unwrap();
         let short = c.meta.set_chain(&[c.node(1), c.node(2)], &[]);
         c.converge().await;
-        let retry = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(1),
-            durable: false,
-        };
+        let retry = client_write(0, write_id(1));
         let answer = c.call(1, &short, retry, b"first").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 1 });
         let tail = c.server(2).server.engine.fetch(chunk(0)).unwrap();
         assert_eq!((tail.version, &tail.data[..]), (1, &b"first"[..]));
         // The tail remembers the write too, so it would know the retry as head.
         assert_eq!(tail.writes, engines[1].fetch(chunk(0)).unwrap().writes);
-        let again = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(2),
-            durable: false,
-        };
+        let again = client_write(0, write_id(2));
         let answer = c.call(1, &short, again, b"again").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 2 });
         assert_eq!(c.read(2, &short, chunk(0)).await.unwrap(), &b"again"[..]);
@@ -806,13 +749,7 @@ async fn a_write_stuck_on_a_stopped_successor_ends_when_the_chain_moves_on() {
         // The chain's tail is stopped: the middle server's forward gets no answer while
         // it, and the head, hold the chunk's ordering lock.
         let (chain, arrived) = c.chain_with_stopped_tail().await;
-        let op = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(1),
-            durable: false,
-        };
+        let op = client_write(0, write_id(1));
         let stuck = c.call(0, &chain, op, b"first");
         let moved = async {
             arrived.await.unwrap();
@@ -826,13 +763,7 @@ async fn a_write_stuck_on_a_stopped_successor_ends_when_the_chain_moves_on() {
         assert!(matches!(err, FsError::StaleChain { .. }), "{err:?}");
         // The retry takes the ordering lock at once and reaches both replicas.
         c.converge().await;
-        let retry = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(1),
-            durable: false,
-        };
+        let retry = client_write(0, write_id(1));
         let answer = c.call(0, &short, retry, b"first").await.unwrap().0;
         assert_eq!(answer, ChunkResponse::Written { version: 1 });
         assert_eq!(c.read(1, &short, chunk(0)).await.unwrap(), &b"first"[..]);
@@ -852,13 +783,7 @@ async fn a_write_not_yet_at_the_tail_is_read_from_no_replica() {
         // The tail stops answering: the next write is applied at the head and the middle
         // and waits there for the tail.
         let (chain, arrived) = c.chain_with_stopped_tail().await;
-        let op = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(1),
-            durable: false,
-        };
+        let op = client_write(0, write_id(1));
         let stuck = c.call(0, &chain, op, b"new");
         let reads = async {
             arrived.await.unwrap();
@@ -875,13 +800,7 @@ async fn a_write_not_yet_at_the_tail_is_read_from_no_replica() {
         assert!(stuck.is_err());
         // The writer's retry on the new chain settles it; then every replica answers.
         c.converge().await;
-        let retry = ChunkOp::Write {
-            chunk: chunk(0),
-            offset: 0,
-            version: None,
-            id: write_id(1),
-            durable: false,
-        };
+        let retry = client_write(0, write_id(1));
         c.call(0, &short, retry, b"new").await.unwrap();
         for i in [0, 1] {
             assert_eq!(c.read(i, &short, chunk(0)).await.unwrap(), &b"new"[..]);
@@ -903,13 +822,7 @@ async fn writes_during_a_resync_reach_the_syncing_server() {
         c.meta.set_chain(&[c.node(0), c.node(1)], &[c.node(2)]);
         loop {
             let chain = c.chain();
-            let op = ChunkOp::Write {
-                chunk: chunk(0),
-                offset: 6,
-                version: None,
-                id: write_id(1),
-                durable: false,
-            };
+            let op = client_write(6, write_id(1));
             match c.call(0, &chain, op, b"+after").await {
                 Ok(_) => break,
                 // The resync may finish first and move the chain on.
