@@ -29,7 +29,8 @@
 //! is rot, and the chunk reads as damaged until it is repaired.
 //!
 //! Nothing here is fsynced on the write path: `Sync` (the client's fsync) fdatasyncs the
-//! chunk file and fsyncs the directory that holds it. Writes of 1 MiB or more ask the
+//! chunk file and fsyncs the directory that holds it if a name in it changed since its
+//! last fsync (dirs.rs). Writes of 1 MiB or more ask the
 //! kernel to start their writeback at once (no waiting), so that a large file reaches
 //! the disk while it streams in rather than all at its fsync.
 //!
@@ -41,12 +42,14 @@
 //! sees a half-applied write.
 
 mod cache;
+mod dirs;
 mod header;
 mod layout;
 #[cfg(test)]
 mod tests;
 
 use cache::HeaderCache;
+use dirs::DirSyncs;
 use header::{Header, Slot, BLOCK};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -160,6 +163,8 @@ fn duplicate(local: &Local, incoming: Option<u64>, id: Option<WriteId>) -> Optio
 }
 
 struct Paths {
+    /// Which fan-out directory: `dir` is `chunks/<fan, 2 hex digits>`.
+    fan: u8,
     dir: PathBuf,
     /// `<chunk id>.chunk`: the headers and the data.
     file: PathBuf,
@@ -174,6 +179,7 @@ pub struct Engine {
     stripes: Vec<RwLock<()>>,
     opened_dirty: bool,
     headers: HeaderCache,
+    dirs: DirSyncs,
 }
 
 impl Engine {
@@ -189,6 +195,10 @@ impl Engine {
         File::create(&dirty_marker)
             .and_then(|_| File::open(data_dir)?.sync_all())
             .map_err(|e| io_err(format!("create {}", dirty_marker.display()), e))?;
+        // The fan-out directories' own names: made once each, durable from here on.
+        File::open(&chunks_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(format!("sync {}", chunks_dir.display()), e))?;
         if opened_dirty {
             tracing::warn!("chunk store {} was not shut down cleanly", data_dir.display());
         }
@@ -199,6 +209,7 @@ impl Engine {
             stripes,
             opened_dirty,
             headers: HeaderCache::default(),
+            dirs: DirSyncs::new(),
         })
     }
 
@@ -226,9 +237,42 @@ impl Engine {
     }
 
     fn paths(&self, chunk: ChunkId) -> Paths {
-        let dir = self.chunks_dir.join(format!("{:02x}", layout::fan(chunk)));
+        let fan = layout::fan(chunk);
+        let dir = self.chunks_dir.join(format!("{fan:02x}"));
         let file = dir.join(format!("{chunk}.{CHUNK_EXT}"));
-        Paths { tmp: dir.join(format!("{chunk}.{CHUNK_EXT}.{TMP_EXT}")), file, dir }
+        Paths { fan, tmp: dir.join(format!("{chunk}.{CHUNK_EXT}.{TMP_EXT}")), file, dir }
+    }
+
+    /// Opens the chunk's file for writing, making it (and its directory) if missing. An
+    /// open that finds the file is all a write in place costs: a `mkdir` and a `stat`
+    /// on every write were a third of a small write's system calls.
+    fn create_file(&self, paths: &Paths) -> Result<File, FsError> {
+        let what = |e| io_err(format!("open {}", paths.file.display()), e);
+        match open_raw(paths, false) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            opened => return opened.map_err(what),
+        }
+        let file = match open_raw(paths, true) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                self.make_dir(paths)?;
+                open_raw(paths, true)
+            }
+            opened => opened,
+        }
+        .map_err(what)?;
+        self.dirs.changed(paths.fan);
+        Ok(file)
+    }
+
+    /// Makes the chunk's fan-out directory if it is missing, durably: the store's
+    /// directory is fsynced after a directory is made in it (at most 256 times).
+    fn make_dir(&self, paths: &Paths) -> Result<(), FsError> {
+        let what = |e| io_err(format!("create {}", paths.dir.display()), e);
+        match std::fs::create_dir(&paths.dir) {
+            Ok(()) => File::open(&self.chunks_dir).and_then(|d| d.sync_all()).map_err(what),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(what(e)),
+        }
     }
 
     /// The chunk's file and where its bytes start in it, for tests that damage them.
@@ -379,7 +423,7 @@ impl Engine {
             _ => Header::empty(chunk),
         };
         let paths = self.paths(chunk);
-        let file = create_file(&paths)?;
+        let file = self.create_file(&paths)?;
         let mut pos = 0usize;
         for &(offset, len) in ranges {
             let bytes = &data[pos..pos + len as usize];
@@ -428,7 +472,7 @@ impl Engine {
                     };
                     let mut tombstone = Header { version: next, writes, ..Header::empty(chunk) };
                     tombstone.remember(id, next);
-                    let file = create_file(&paths)?;
+                    let file = self.create_file(&paths)?;
                     self.save_header(&paths, &file, tombstone, local.generation())?;
                     cut_data(&file, chunk, 0)?;
                     Ok(Outcome::Applied(next))
@@ -443,7 +487,7 @@ impl Engine {
             Local::Present(h) => h,
             _ => Header::empty(chunk),
         };
-        let file = create_file(&paths)?;
+        let file = self.create_file(&paths)?;
         let old_len = header.len as usize;
         let new_len = len as usize;
         if new_len > old_len {
@@ -486,8 +530,7 @@ impl Engine {
             self.remove_files(chunk, &paths)?;
             return Ok(Outcome::Applied(0));
         }
-        std::fs::create_dir_all(&paths.dir)
-            .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
+        self.make_dir(&paths)?;
         let crcs = data.chunks(BLOCK).map(crc32c::crc32c).collect();
         let header = Header {
             chunk,
@@ -501,12 +544,13 @@ impl Engine {
         write_whole(&paths.tmp, &header, data)
             .and_then(|_| std::fs::rename(&paths.tmp, &paths.file))
             .map_err(|e| io_err(format!("install chunk {chunk}"), e))?;
+        self.dirs.changed(paths.fan);
         self.headers.put(&header);
         Ok(Outcome::Applied(version))
     }
 
     /// Makes the chunk's data, header and directory entry durable. A missing chunk
-    /// syncs its directory, so that a removal is durable too.
+    /// syncs its directory if a name in it changed, so that a removal is durable too.
     pub fn sync(&self, chunk: ChunkId) -> Result<(), FsError> {
         self.sync_all(&[chunk])
     }
@@ -514,7 +558,7 @@ impl Engine {
     /// [`Engine::sync`] of every chunk of `chunks`, flushing each directory that holds
     /// any of them once, after all their files.
     pub fn sync_all(&self, chunks: &[ChunkId]) -> Result<(), FsError> {
-        let mut dirs = std::collections::BTreeSet::new();
+        let mut dirs = std::collections::BTreeMap::new();
         for &chunk in chunks {
             let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
             let paths = self.paths(chunk);
@@ -525,14 +569,10 @@ impl Engine {
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => return Err(io_err(what(), e)),
             }
-            dirs.insert(paths.dir);
+            dirs.insert(paths.fan, paths.dir);
         }
-        for dir in dirs {
-            match File::open(&dir) {
-                Ok(d) => d.sync_all().map_err(|e| io_err(format!("sync {}", dir.display()), e))?,
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(format!("sync {}", dir.display()), e)),
-            }
+        for (fan, dir) in dirs {
+            self.dirs.sync(fan, &dir)?;
         }
         Ok(())
     }
@@ -696,7 +736,7 @@ impl Engine {
         let mut buf = Vec::new();
         match wait {
             Wait::Disk => {
-                let file = open_file(&self.paths(chunk), false)?;
+                let file = open_file(&self.paths(chunk))?;
                 let got = pread_append(
                     file.as_raw_fd(),
                     &mut buf,
@@ -822,20 +862,6 @@ fn start_writeback(file: &File, start: usize, len: usize) {
     }
 }
 
-/// Opens the chunk's file for writing, creating it and its directory if needed. The
-/// directory is made only when the open finds it missing: a `mkdir` and a `stat` on
-/// every write were a third of a small write's system calls.
-fn create_file(paths: &Paths) -> Result<File, FsError> {
-    match open_raw(paths, true) {
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            std::fs::create_dir_all(&paths.dir)
-                .map_err(|e| io_err(format!("create {}", paths.dir.display()), e))?;
-            open_file(paths, true)
-        }
-        opened => opened.map_err(|e| io_err(format!("open {}", paths.file.display()), e)),
-    }
-}
-
 /// Cuts the chunk's data in `file` to `len` bytes (its header says so already).
 fn cut_data(file: &File, chunk: ChunkId, len: u32) -> Result<(), FsError> {
     let end = DATA_AT + u64::from(len);
@@ -914,8 +940,8 @@ fn check_block(chunk: ChunkId, header: &Header, block: usize, bytes: &[u8]) -> R
     }
 }
 
-fn open_file(paths: &Paths, create: bool) -> Result<File, FsError> {
-    open_raw(paths, create).map_err(|e| match e.kind() {
+fn open_file(paths: &Paths) -> Result<File, FsError> {
+    open_raw(paths, false).map_err(|e| match e.kind() {
         // A header was read from it a moment ago: that is damage, not a hole.
         ErrorKind::NotFound => FsError::Checksum(format!("{} is missing", paths.file.display())),
         _ => io_err(format!("open {}", paths.file.display()), e),
@@ -1045,7 +1071,9 @@ impl Engine {
     /// Removes the chunk (the caller holds the stripe for writing).
     fn remove_files(&self, chunk: ChunkId, paths: &Paths) -> Result<(), FsError> {
         self.headers.forget(chunk);
-        remove_files(paths)
+        remove_files(paths)?;
+        self.dirs.changed(paths.fan);
+        Ok(())
     }
 }
 

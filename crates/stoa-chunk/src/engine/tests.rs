@@ -439,3 +439,37 @@ fn a_torn_header_slot_falls_back_only_after_an_unclean_stop() {
     assert_eq!(e.version(id(0)).unwrap(), 2);
     assert_eq!(e.read(id(0), 0, 8192).unwrap(), [[1u8; 4096], [4u8; 4096]].concat());
 }
+
+#[test]
+fn a_sync_flushes_a_directory_only_after_a_name_in_it_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let flushes = |e: &Engine| e.dirs.flushes.load(std::sync::atomic::Ordering::Relaxed);
+    let e = Engine::open(dir.path()).unwrap();
+    // Chunks 0 and 256 share a directory, chunk 1 has its own.
+    assert_eq!(e.paths(id(0)).dir, e.paths(id(256)).dir);
+    assert_ne!(e.paths(id(0)).dir, e.paths(id(1)).dir);
+    e.write(id(0), 0, b"new file", None, None).unwrap();
+    e.sync(id(0)).unwrap();
+    assert_eq!(flushes(&e), 1, "a new file's name is flushed");
+    e.write(id(0), 4, b"in place", None, None).unwrap();
+    e.truncate(id(0), 6, None, None).unwrap();
+    e.sync(id(0)).unwrap();
+    e.sync(id(0)).unwrap();
+    assert_eq!(flushes(&e), 1, "writes in place change no name");
+    e.write(id(256), 0, b"neighbour", None, None).unwrap();
+    e.sync(id(0)).unwrap();
+    assert_eq!(flushes(&e), 2, "a new name in the directory is flushed by any sync there");
+    e.install(id(1), 3, b"copied", &[], false).unwrap();
+    e.sync_all(&[id(0), id(1), id(256)]).unwrap();
+    assert_eq!(flushes(&e), 3, "an install renames");
+    e.remove(id(1)).unwrap();
+    e.sync(id(1)).unwrap();
+    e.sync(id(1)).unwrap();
+    assert_eq!(flushes(&e), 4, "a removal is flushed once");
+    drop(e);
+    // A process that crashed may have left names in the page cache only.
+    let e = Engine::open(dir.path()).unwrap();
+    e.sync(id(0)).unwrap();
+    assert_eq!(flushes(&e), 1, "a reopened store flushes each directory once");
+    assert_eq!(e.read(id(0), 0, 100).unwrap(), b"new in");
+}
