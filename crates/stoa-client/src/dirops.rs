@@ -28,6 +28,7 @@
 
 use crate::caps::{send_released, Change};
 use crate::client::{Client, Shared};
+use crate::file::{AttrChange, DeferredAttr};
 use crate::namespace::Owner;
 use crate::session::{unexpected, Backlog};
 use std::collections::HashMap;
@@ -338,27 +339,37 @@ impl Client {
         }
     }
 
-    /// Changes the mode or owner of `ino` here if this client holds it exclusively with
-    /// its attributes: records the change, queues it, and answers with the attributes it
-    /// left; `None` when it must go to meta. Nobody else sees the inode before a recall
-    /// of the cap, whose ack waits for what is queued. SQLite changes the owner of every
-    /// journal it creates as root to the one it already has: a Raft entry each, on the
-    /// path of every transaction, before. Not while a size commit of the file is queued
-    /// or on its way: meta could apply it first and answer with the attributes from
-    /// before the change, which the cache would take as newer. The file's lock, held
-    /// until the change is queued, keeps a commit from being queued meanwhile; one
-    /// queued after it reaches meta after it.
+    /// Changes the mode, owner or times of `ino` here if this client holds it
+    /// exclusively with its attributes: records the change, queues it (or defers it, see
+    /// [`FileInner::attr_change`]), and answers with the attributes it left; `None` when
+    /// it must go to meta. Nobody else sees the inode before a recall of the cap, whose
+    /// ack waits for what is queued and deferred. SQLite changes the owner of every
+    /// journal it creates as root to the one it already has, and `tar`, `cp -a` and
+    /// `rsync` set the times of every file they write: a Raft entry each, before. The
+    /// file's lock, held until the change is queued, keeps a commit from being queued
+    /// meanwhile; one queued after it reaches meta after it.
     pub(crate) async fn setattr_here(&self, ino: InodeId, set: &SetAttr) -> Option<Attr> {
         let _pin = self.pin(&[ino]).await;
         let file = self.sh.open_file(ino);
-        let inner = file.as_ref().map(|f| f.lock());
-        if inner.as_ref().is_some_and(|inner| inner.commit_pending()) {
+        let times = set.atime.is_some() || set.mtime.is_some();
+        if let Some(file) = file.as_ref().filter(|_| times) {
+            // `tar` sets the times before its close: its writes are still buffered.
+            file.send_all(&self.sh);
+        }
+        let mut inner = file.as_ref().map(|f| f.lock());
+        let change = inner.as_ref().map_or(AttrChange::Now, |i| i.attr_change(times));
+        if change == AttrChange::Meta {
             return None;
         }
         let at = Timestamp::now();
         let (attr, generation) = self.sh.caps.record_attr(ino, set, at)?;
-        let op = BatchOp::SetAttr { ino, set: set.clone(), at };
-        queue(&self.sh, op, &[ino], Some(generation));
+        let set = set.clone();
+        match (change, inner.as_mut()) {
+            (AttrChange::Deferred, Some(inner)) => {
+                inner.defer(DeferredAttr { set, at, generation });
+            }
+            _ => queue_setattr(&self.sh, ino, DeferredAttr { set, at, generation }),
+        }
         drop(inner);
         Some(attr)
     }
@@ -514,6 +525,12 @@ fn queue(sh: &Arc<Shared>, op: BatchOp, named: &[InodeId], generation: Option<u6
     number
 }
 
+/// Queues attribute change `change` of `ino`, which the client made already.
+pub(crate) fn queue_setattr(sh: &Arc<Shared>, ino: InodeId, change: DeferredAttr) {
+    let op = BatchOp::SetAttr { ino, set: change.set, at: change.at };
+    queue(sh, op, &[ino], Some(change.generation));
+}
+
 /// Queues size commit `commit`, made under caps generation `generation`, after the
 /// queued namespace changes naming its file (its create first of all); returns its
 /// number in the commit log.
@@ -622,9 +639,14 @@ async fn call(
 /// cap take the attributes it left, whose version orders them against every other
 /// answer.
 fn committed(sh: &Shared, attr: Attr, sent: u64) {
-    if let Some(file) = sh.open_file(attr.ino) {
-        file.lock().learn(&attr);
-    }
+    let attr = match sh.open_file(attr.ino) {
+        Some(file) => {
+            let mut inner = file.lock();
+            inner.learn(&attr);
+            inner.with_deferred(attr)
+        }
+        None => attr,
+    };
     sh.caps.update_attr(attr, sent);
 }
 
@@ -663,7 +685,7 @@ fn refused(sh: &Shared, op: &Op, e: &FsError) {
         BatchOp::SetAttr { ino, .. } => {
             sh.caps.forget(&[*ino], &[]);
             if let Some(file) = sh.open_file(*ino) {
-                let lost = format!("meta refused a mode or owner change of inode {ino}: {e}");
+                let lost = format!("meta refused an attribute change of inode {ino}: {e}");
                 file.lock().fail(FsError::Io(lost));
             }
         }

@@ -150,9 +150,70 @@ pub(crate) struct FileInner {
     /// caps lapse, none of it is sent (it fails with EIO), so a client that was cut off
     /// past its lease never overwrites what another wrote meanwhile.
     dirty_generation: Option<u64>,
+    /// Attribute changes with times made while writes from before them were in flight
+    /// or committing ([`FileInner::attr_change`]), in order: queued once those writes
+    /// are committed and before any later write is sent.
+    deferred: Vec<DeferredAttr>,
+}
+
+/// An attribute change made here whose sending waits ([`FileInner::deferred`]).
+pub(crate) struct DeferredAttr {
+    pub set: SetAttr,
+    pub at: Timestamp,
+    /// The caps generation it was made under (fenced as the writes are).
+    pub generation: u64,
+}
+
+/// Where an attribute change (no size) of a file this client holds exclusively is made.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AttrChange {
+    /// Here, and queued at once.
+    Now,
+    /// Here, and queued once the writes before it are committed.
+    Deferred,
+    /// At meta, after a flush.
+    Meta,
 }
 
 impl FileInner {
+    /// Where an attribute change, with times or not, is made (dirops.rs
+    /// `setattr_here`). A size commit sets the mtime to when its writes finished, so
+    /// meta must apply the commits of the writes before a change of times before it,
+    /// and those of the writes after it after it. A change queued now reaches meta
+    /// before any commit queued after it (which waits for it), but a commit queued or
+    /// on its way already could be applied after it: then a mode or owner change goes
+    /// to meta, as does one behind writes not yet sent. A change of times behind
+    /// writes already sent waits here instead, with later writes held back: `tar`,
+    /// `cp -a` and `rsync` set the times of each file right after closing it, and
+    /// the close does not wait for its writes.
+    pub fn attr_change(&self, times: bool) -> AttrChange {
+        let unsent = !self.buffer.is_empty() || !self.queue.is_empty();
+        if !self.deferred.is_empty() || (times && !self.is_idle()) {
+            return match unsent {
+                true => AttrChange::Meta,
+                false => AttrChange::Deferred,
+            };
+        }
+        match self.commit_pending() {
+            true => AttrChange::Meta,
+            false => AttrChange::Now,
+        }
+    }
+
+    /// Holds back a change [`FileInner::attr_change`] deferred.
+    pub fn defer(&mut self, change: DeferredAttr) {
+        self.deferred.push(change);
+    }
+
+    /// `attr`, a commit's answer, with the deferred changes on top, as meta will have
+    /// it once they are applied: the cache keeps what this client made.
+    pub fn with_deferred(&self, mut attr: Attr) -> Attr {
+        for d in &self.deferred {
+            crate::caps::apply_set(&mut attr, &d.set, d.at);
+        }
+        attr
+    }
+
     /// Drops what this client cached of the file under a cap (readahead, the size meta
     /// reported): the cap is gone.
     pub fn drop_cap_cache(&mut self) {
@@ -191,6 +252,7 @@ impl FileInner {
             && self.commit_end.is_none()
             && !self.committing
             && self.batched.is_none()
+            && self.deferred.is_empty()
     }
 
     /// The bytes of `[offset, offset + len)` this client wrote but the chunk servers may
@@ -292,6 +354,7 @@ impl FileState {
                 prefetched: BTreeMap::new(),
                 opens: 0,
                 dirty_generation: None,
+                deferred: Vec::new(),
             }),
             changed: Notify::new(),
             io_lock: tokio::sync::RwLock::new(()),
@@ -366,6 +429,10 @@ impl FileState {
     /// Sends every queued extent whose chunk has no write in flight.
     fn pump(self: &Arc<Self>, sh: &Arc<Shared>) {
         let mut inner = self.lock();
+        if !inner.deferred.is_empty() {
+            // Written after a deferred change: sent once it is queued.
+            return;
+        }
         let ready: Vec<u64> =
             inner.queue.keys().filter(|k| !inner.inflight.contains_key(k)).copied().collect();
         for index in ready {
@@ -423,6 +490,7 @@ impl FileState {
         self.changed.notify_waiters();
         self.pump(&sh);
         self.start_commit(&sh);
+        self.release_deferred(&sh);
         // A close may have returned before this write (`close`), and a failed write has
         // no commit whose answer would let the file's state go.
         self.forget_if_closed(&sh);
@@ -497,7 +565,7 @@ impl FileState {
     /// size and sets mtime), again while chunk writes keep finishing meanwhile. One
     /// CommitWrite covers every chunk write that finished before it was sent, so meta
     /// sees one update per round trip, not one per chunk write.
-    async fn commit_loop(self: Arc<Self>, sh: &Shared) {
+    async fn commit_loop(self: Arc<Self>, sh: &Arc<Shared>) {
         loop {
             let (end, generation, covers) = {
                 let mut inner = self.lock();
@@ -518,7 +586,7 @@ impl FileState {
             match result {
                 Ok(MetaResponse::Attr(attr)) => {
                     inner.learn(&attr);
-                    sh.caps.update_attr(attr, sent);
+                    sh.caps.update_attr(inner.with_deferred(attr), sent);
                 }
                 Ok(_) => {
                     inner.meta_size = Some(inner.meta_size.map_or(end, |s| s.max(end)));
@@ -543,11 +611,34 @@ impl FileState {
 
     /// After a commit's answer: wakes the waiters and, since a close does not wait for
     /// the commit (see `close`), lets the state of a file closed meanwhile go.
-    fn commit_done(&self, sh: &Shared, mut inner: MutexGuard<'_, FileInner>) {
+    fn commit_done(self: &Arc<Self>, sh: &Arc<Shared>, mut inner: MutexGuard<'_, FileInner>) {
         self.settle(&mut inner);
         drop(inner);
+        self.release_deferred(sh);
         self.changed.notify_waiters();
         self.forget_if_closed(sh);
+    }
+
+    /// Queues the deferred attribute changes once every write sent before them is
+    /// committed (or failed), then sends the writes made since. Under the file's lock,
+    /// so that no commit is queued in between: one queued later reaches meta after them.
+    fn release_deferred(self: &Arc<Self>, sh: &Arc<Shared>) {
+        {
+            let mut inner = self.lock();
+            if inner.deferred.is_empty()
+                || !inner.inflight.is_empty()
+                || inner.commit_end.is_some()
+                || inner.commit_pending()
+            {
+                return;
+            }
+            for change in std::mem::take(&mut inner.deferred) {
+                dirops::queue_setattr(sh, self.ino, change);
+            }
+            self.settle(&mut inner);
+        }
+        self.changed.notify_waiters();
+        self.pump(sh);
     }
 
     /// Sends everything buffered, waits for every write in flight, and reports a
@@ -604,7 +695,7 @@ impl FileState {
 
     /// Queues everything buffered and starts sending it; returns whether the file was
     /// idle already.
-    fn send_all(self: &Arc<Self>, sh: &Arc<Shared>) -> bool {
+    pub(crate) fn send_all(self: &Arc<Self>, sh: &Arc<Shared>) -> bool {
         self.send_all_through(sh).is_none()
     }
 
@@ -673,7 +764,9 @@ impl FileState {
         if let Some(through) = self.send_all_through(sh) {
             let finished = self.wait_until(|inner| inner.finished_through() >= through);
             tokio::join!(finished, sh.dirops.commit_log.wait_all());
-            self.wait_until(|inner| inner.settled_through(through)).await;
+            // A deferred attribute change goes out once those writes are committed.
+            self.wait_until(|inner| inner.settled_through(through) && inner.deferred.is_empty())
+                .await;
         }
         seen.check(&self.lock(), false)
     }

@@ -31,7 +31,7 @@ impl Client {
     /// exclusively is made here and sent in a batch (a size commit does not touch them,
     /// and never sets the change time back).
     pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr, FsError> {
-        if set.size.is_none() && set.atime.is_none() && set.mtime.is_none() {
+        if set.size.is_none() {
             if let Some(attr) = self.setattr_here(ino, &set).await {
                 return Ok(self.adjust(attr));
             }
@@ -56,6 +56,11 @@ impl Client {
         } else {
             if let Some(file) = self.sh.open_file(ino) {
                 file.flush_unowned(&self.sh).await?;
+                drop(file);
+                // Its writes out and committed, the change may be made here after all.
+                if let Some(attr) = self.setattr_here(ino, &set).await {
+                    return Ok(self.adjust(attr));
+                }
             }
             self.sh.session.call_attr(MetaOp::SetAttr { ino, set }).await?
         };

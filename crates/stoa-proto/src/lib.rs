@@ -53,7 +53,8 @@ use stoa_types::FsError;
 /// its locks; `GetLock` and `SetLock` may answer `LocksElsewhere`.
 /// 9: chunk writes say whether they are durable (a `Sync` of their chunk as well);
 /// `BatchOp::SetAttr`.
-pub const PROTOCOL_VERSION: u8 = 9;
+/// 10: `BatchOp::SetAttr` may set times.
+pub const PROTOCOL_VERSION: u8 = 10;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -212,6 +212,9 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
                     tracing::warn!("flushing inode {} for a recall: {e}", r.ino);
                 }
                 file.lock().drop_cap_cache();
+                // A change of times made behind those writes was queued once they were
+                // committed (`FileInner::attr_change`): it reaches meta before the ack too.
+                sh.session.backlog.wait_naming(r.ino).await;
                 steps.mark("buffered writes");
             }
         }

@@ -13,7 +13,7 @@ use stoa_proto::{
 };
 use stoa_types::{
     Attr, Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, DirEntry, FileKind, FsError,
-    InodeId, NodeId, SessionId, StatFs, Timestamp,
+    InodeId, NodeId, SessionId, SetTime, StatFs, Timestamp,
 };
 
 #[derive(Default)]
@@ -245,6 +245,9 @@ impl Handler {
                 }
                 if let Some(perm) = set.perm {
                     a.perm = perm;
+                }
+                if let Some(SetTime::At(t)) = set.mtime {
+                    a.mtime = t;
                 }
                 a.version += 1;
                 MetaResponse::Attr(a.clone())
