@@ -679,6 +679,8 @@ impl FileState {
             }
             sh.dirops.commit_log.wait_all().await;
             self.wait_until(FileInner::is_idle).await;
+            // A change of times deferred behind those writes was queued just now.
+            sh.session.backlog.wait_naming(self.ino).await;
         };
         tokio::join!(sh.session.backlog.wait_all(), written);
     }

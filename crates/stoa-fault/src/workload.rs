@@ -7,8 +7,9 @@
 //!   the caches behind them are coherent across mounts; reads take no lock.
 //! - namespace: exclusive create, unlink, rename, stat and readdir of a few names in a
 //!   few directories, from clients on every mount.
-//! - files: a writer that creates files of known content and fsyncs them; every file
-//!   whose fsync and close returned must be intact at the end.
+//! - files: a writer that creates files of known content, sets their mtime while the
+//!   writes are on their way (as `tar` does) and fsyncs them; every file whose fsync and
+//!   close returned must be intact at the end, with that mtime.
 
 use crate::history::{Call, History, Opened, Outcome, Ret};
 use crate::rng::Rng;
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub const REGISTERS: usize = 3;
 /// Directory 0 is shared by one namespace client on every mount, so its history checks
@@ -376,6 +377,7 @@ fn write_file(
     let result = std::fs::File::create(path).and_then(|mut f| {
         opened.now();
         f.write_all(&pattern(seed, 0, len))?;
+        f.set_times(std::fs::FileTimes::new().set_modified(mtime_of(seed)))?;
         f.sync_all()
     });
     match result {
@@ -402,12 +404,28 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// The mtime the writer sets on the file of stream `seed`: a time in the past, as
+/// `tar` sets from an archive.
+fn mtime_of(seed: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_500_000_000 + seed % 100_000_000)
+}
+
 /// Checks every acknowledged file through `mount`; returns a line per damaged one.
 pub fn verify_files(mount: &Path, acked: &[AckedFile]) -> Vec<String> {
     let mut bad = Vec::new();
     for f in acked {
         match std::fs::read(mount.join(&f.rel)) {
-            Ok(data) if data == pattern(f.seed, 0, f.len) => {}
+            Ok(data) if data == pattern(f.seed, 0, f.len) => {
+                match std::fs::metadata(mount.join(&f.rel)).and_then(|m| m.modified()) {
+                    Ok(t) if t == mtime_of(f.seed) => {}
+                    Ok(t) => bad.push(format!(
+                        "{}: mtime {t:?}, want {:?} (set after its writes)",
+                        f.rel.display(),
+                        mtime_of(f.seed)
+                    )),
+                    Err(e) => bad.push(format!("{}: stat: {e}", f.rel.display())),
+                }
+            }
             Ok(data) => {
                 let at = data.iter().zip(pattern(f.seed, 0, f.len)).position(|(a, b)| *a != b);
                 bad.push(format!(
