@@ -36,6 +36,17 @@ const MAX_BACKGROUND: u16 = 64;
 /// whether to drop it, and answering from here instead of meta saves a meta round trip
 /// per write. No file can have one, so the answer is always true.
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
+/// POSIX ACLs are not supported: setting one is `EOPNOTSUPP`, and no file has one. Kept
+/// as plain xattrs they were never applied: `cp -a` sets a file's mode through its
+/// ACL where it can, and every file it copied in kept the mode of its create (0600
+/// instead of 0644). Refused, `cp -a`, `rsync -A` and `tar --acls` fall back to
+/// `chmod`, as on any filesystem without ACLs.
+const ACL_XATTRS: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
+
+/// Whether `name` is an xattr this filesystem answers itself: no file has one.
+fn unsupported_xattr(name: &[u8]) -> bool {
+    name == CAPABILITY_XATTR || ACL_XATTRS.contains(&name)
+}
 
 /// The kernel side of the mount, for telling it to drop cached pages and attributes.
 /// Set once the session exists, which is after this filesystem is built.
@@ -818,7 +829,7 @@ impl Filesystem for StoaFs {
         reply: ReplyEmpty,
     ) {
         let (name, value) = (bytes(name), value.to_vec());
-        if name == CAPABILITY_XATTR {
+        if unsupported_xattr(&name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         self.spawn(|c| async move {
@@ -829,7 +840,7 @@ impl Filesystem for StoaFs {
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = bytes(name);
-        if name == CAPABILITY_XATTR {
+        if unsupported_xattr(&name) {
             return reply.error(Errno::ENODATA);
         }
         self.spawn(|c| async move { reply_xattr(reply, size, c.getxattr(ino(i), &name).await) });

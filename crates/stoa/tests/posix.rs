@@ -243,11 +243,21 @@ fn everyday_operations_behave_like_a_local_filesystem() {
 fn cp_tar_git_rsync_and_make_work_in_the_mount() {
     let dev = Dev::start(3, 3);
     let (m, scratch) = (dev.mnt.display().to_string(), dev.dir.join("..").display().to_string());
+    // Bytes, and each file's mode, owner, group and mtime (a directory's size differs).
+    let same = |from: &str, to: &str| {
+        let list =
+            |d: &str| format!("(cd {d} && find . -type f -printf '%P %m %U %G %T@\\n' | sort)");
+        format!("diff -r {from} {to} && diff <{} <{}", list(from), list(to))
+    };
     sh(&format!(
-        "cp -a /usr/include/linux {m}/linux-cp && diff -r /usr/include/linux {m}/linux-cp"
+        "cp -a /usr/include/linux {m}/linux-cp && {}",
+        same("/usr/include/linux", &format!("{m}/linux-cp"))
     ));
-    sh(&format!("tar cf {scratch}/l.tar -C /usr/include linux && mkdir {m}/t && tar xf {scratch}/l.tar -C {m}/t && diff -r /usr/include/linux {m}/t/linux"));
-    sh(&format!("rsync -a /usr/include/net/ {m}/rs/ && rsync -a /usr/include/net/ {m}/rs/ && diff -r /usr/include/net {m}/rs"));
+    sh(&format!("tar cf {scratch}/l.tar -C /usr/include linux && mkdir {m}/t && tar xf {scratch}/l.tar -C {m}/t && {}", same("/usr/include/linux", &format!("{m}/t/linux"))));
+    sh(&format!(
+        "rsync -a /usr/include/net/ {m}/rs/ && rsync -a /usr/include/net/ {m}/rs/ && {}",
+        same("/usr/include/net", &format!("{m}/rs"))
+    ));
     sh(&format!(
         "set -e; cd {scratch}; mkdir repo; cd repo; git init -q; \
          git -c user.email=t@t -c user.name=t commit -q --allow-empty -m one; \
