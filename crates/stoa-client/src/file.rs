@@ -206,10 +206,11 @@ impl FileInner {
     }
 
     /// `attr`, a commit's answer, with the deferred changes on top, as meta will have
-    /// it once they are applied: the cache keeps what this client made.
+    /// it once they are applied (a version each): the cache keeps what this client made.
     pub fn with_deferred(&self, mut attr: Attr) -> Attr {
         for d in &self.deferred {
-            crate::caps::apply_set(&mut attr, &d.set, d.at);
+            d.set.apply(&mut attr, d.at);
+            attr.version += 1;
         }
         attr
     }
@@ -460,6 +461,7 @@ impl FileState {
         let generation = self.lock().dirty_generation.unwrap_or_else(|| sh.caps.generation());
         let deadline = || sh.caps.write_deadline(generation);
         let result = sh.io.write(chunk, batch.ranges, batch.data, durable, &deadline).await;
+        let failed = result.is_err();
         {
             let mut inner = self.lock();
             inner.inflight.remove(&index);
@@ -490,7 +492,10 @@ impl FileState {
         self.changed.notify_waiters();
         self.pump(&sh);
         self.start_commit(&sh);
-        self.release_deferred(&sh);
+        if failed {
+            // No commit follows whose answer would let a deferred change go.
+            self.release_deferred(&sh);
+        }
         // A close may have returned before this write (`close`), and a failed write has
         // no commit whose answer would let the file's state go.
         self.forget_if_closed(&sh);

@@ -114,6 +114,26 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
+impl SetAttr {
+    /// Applies everything but the size to `attr`, at time `now` (the change time, and
+    /// what [`SetTime::Now`] means): meta's setattr, and a client's record of a change
+    /// it sends in a batch, are the same change. The version is the caller's.
+    pub fn apply(&self, attr: &mut Attr, now: Timestamp) {
+        if let Some(perm) = self.perm {
+            attr.perm = perm & 0o7777;
+        }
+        attr.uid = self.uid.unwrap_or(attr.uid);
+        attr.gid = self.gid.unwrap_or(attr.gid);
+        let time = |t: SetTime| match t {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        };
+        attr.atime = self.atime.map_or(attr.atime, time);
+        attr.mtime = self.mtime.map_or(attr.mtime, time);
+        attr.ctime = now;
+    }
+}
+
 /// Filesystem-wide usage, as `statfs` reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatFs {

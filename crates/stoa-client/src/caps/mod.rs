@@ -33,9 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
-use stoa_types::{
-    Attr, DirEntry, FileKind, FsError, InodeId, SessionId, SetAttr, SetTime, Timestamp,
-};
+use stoa_types::{Attr, DirEntry, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 mod events;
@@ -459,8 +457,8 @@ impl Caps {
         h.attr.clone()
     }
 
-    /// Records an attribute change (mode, owner, times) this client made itself, at `at`, of `ino`, which
-    /// it holds exclusively with its attributes: returns the new attributes and the caps
+    /// Records an attribute change (mode, owner, times) this client made itself, at
+    /// `at`, of `ino`, which it holds exclusively with its attributes: returns the new attributes and the caps
     /// generation, or `None` (nothing recorded) when the cap or its attributes are gone.
     pub fn record_attr(&self, ino: InodeId, set: &SetAttr, at: Timestamp) -> Option<(Attr, u64)> {
         let mut t = self.lock();
@@ -468,7 +466,8 @@ impl Caps {
         let generation = t.generation;
         let h = t.held.get_mut(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
         let attr = h.attr.as_mut()?;
-        apply_set(attr, set, at);
+        set.apply(attr, at);
+        attr.version += 1;
         Some((attr.clone(), generation))
     }
 
@@ -817,24 +816,6 @@ impl Pinned {
 /// newer version or the attributes were forgotten after the call was sent: answers from
 /// meta (a grant, a commit) can arrive in another order than meta gave them, and once
 /// forgotten nothing cached is left to compare a version with.
-/// What meta makes of `attr` when it applies a batched change `set` (no size) made at
-/// `at` (stoa-meta's `setattr`), the version it then has included.
-pub(crate) fn apply_set(attr: &mut Attr, set: &SetAttr, at: Timestamp) {
-    if let Some(perm) = set.perm {
-        attr.perm = perm & 0o7777;
-    }
-    attr.uid = set.uid.unwrap_or(attr.uid);
-    attr.gid = set.gid.unwrap_or(attr.gid);
-    let time = |t: SetTime| match t {
-        SetTime::Now => at,
-        SetTime::At(t) => t,
-    };
-    attr.atime = set.atime.map_or(attr.atime, time);
-    attr.mtime = set.mtime.map_or(attr.mtime, time);
-    attr.ctime = at;
-    attr.version += 1;
-}
-
 fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) {
     if h.forgotten <= sent && h.attr.as_ref().is_none_or(|c| c.version <= attr.version) {
         h.attr = Some(attr.clone());

@@ -13,7 +13,7 @@ use stoa_proto::{
 };
 use stoa_types::{
     Attr, Chain, ChainId, ChainTable, ChunkId, ChunkNode, ClusterId, DirEntry, FileKind, FsError,
-    InodeId, NodeId, SessionId, SetTime, StatFs, Timestamp,
+    InodeId, NodeId, SessionId, StatFs, Timestamp,
 };
 
 #[derive(Default)]
@@ -243,12 +243,7 @@ impl Handler {
                 if let Some(size) = set.size {
                     a.size = size;
                 }
-                if let Some(perm) = set.perm {
-                    a.perm = perm;
-                }
-                if let Some(SetTime::At(t)) = set.mtime {
-                    a.mtime = t;
-                }
+                set.apply(a, Timestamp::now());
                 a.version += 1;
                 MetaResponse::Attr(a.clone())
             }

@@ -8,7 +8,7 @@ use super::batch::BATCH_OPS_MAX;
 use crate::kv::KvWrite;
 use crate::store::{load_inode, save_inode};
 use stoa_proto::{Commit, MetaResponse};
-use stoa_types::{Attr, FileKind, FsError, InodeId, SetAttr, SetTime, Timestamp};
+use stoa_types::{Attr, FileKind, FsError, InodeId, SetAttr, Timestamp};
 
 pub(crate) fn setattr(
     kv: &mut impl KvWrite,
@@ -25,26 +25,7 @@ pub(crate) fn setattr(
         }
         attr.size = size;
     }
-    if let Some(perm) = set.perm {
-        attr.perm = perm & 0o7777;
-    }
-    if let Some(uid) = set.uid {
-        attr.uid = uid;
-    }
-    if let Some(gid) = set.gid {
-        attr.gid = gid;
-    }
-    let at = |t: SetTime| match t {
-        SetTime::Now => now,
-        SetTime::At(t) => t,
-    };
-    if let Some(t) = set.atime {
-        attr.atime = at(t);
-    }
-    if let Some(t) = set.mtime {
-        attr.mtime = at(t);
-    }
-    attr.ctime = now;
+    set.apply(attr, now);
     save_inode(kv, &mut rec)?;
     Ok(MetaResponse::Attr(rec.attr))
 }
