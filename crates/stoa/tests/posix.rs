@@ -157,6 +157,13 @@ fn names(m: &Path) {
     let mut back = Vec::new();
     h.read_to_end(&mut back).unwrap();
     assert_eq!(back, b"changed");
+
+    // A name no entry can have is too long, not missing, as on a local disk.
+    let long = m.join("n".repeat(256));
+    let errno = |e: std::io::Error| e.raw_os_error();
+    assert_eq!(std::fs::metadata(&long).map_err(errno).err(), Some(Some(libc::ENAMETOOLONG)));
+    assert_eq!(std::fs::write(&long, b"").map_err(errno).err(), Some(Some(libc::ENAMETOOLONG)));
+    std::fs::write(m.join("n".repeat(255)), b"").unwrap();
 }
 
 fn attributes(m: &Path) {
@@ -189,6 +196,10 @@ fn attributes(m: &Path) {
         assert_eq!(libc::removexattr(c(&f).as_ptr(), name.as_ptr()), 0);
         let n = libc::getxattr(c(&f).as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16);
         assert_eq!(n, -1);
+        // A namespace a local disk has no handler for is refused, not stored.
+        let bogus = CString::new("bogus.color").unwrap();
+        assert_eq!(libc::setxattr(c(&f).as_ptr(), bogus.as_ptr(), b"x".as_ptr().cast(), 1, 0), -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EOPNOTSUPP));
         let st = statvfs(m);
         assert!(st.f_blocks > 0 && st.f_bavail > 0, "statfs reports no space");
     }

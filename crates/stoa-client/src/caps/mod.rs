@@ -33,7 +33,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
-use stoa_types::{Attr, DirEntry, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp};
+use stoa_types::{
+    Attr, DirEntry, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp, NAME_LEN_MAX,
+};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 mod events;
@@ -946,6 +948,10 @@ impl Client {
         parent: InodeId,
         name: &[u8],
     ) -> Result<(Attr, Duration, Pinned), FsError> {
+        // No entry has such a name; the kernel asks all the same.
+        if name.len() > NAME_LEN_MAX {
+            return Err(FsError::NameTooLong);
+        }
         // In a directory this client holds with its listing, the listing answers.
         if let Some(listed) = self.sh.caps.listed(parent, name) {
             let Some(child) = listed else { return Err(FsError::NotFound) };

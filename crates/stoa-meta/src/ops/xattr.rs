@@ -12,11 +12,22 @@ pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
 /// Longest attribute name, in bytes (as on Linux).
 pub const XATTR_NAME_LEN_MAX: usize = 255;
+/// The namespaces an attribute name may be in. `system.` holds what a filesystem
+/// interprets (POSIX ACLs), which Stoa does not, so it is refused as a local disk
+/// refuses a namespace it has no handler for.
+const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 
 fn xattr_key(ino: InodeId, name: &[u8]) -> Result<Vec<u8>, FsError> {
     // Linux answers ERANGE for an empty or over-long attribute name.
     if name.is_empty() || name.len() > XATTR_NAME_LEN_MAX {
         return Err(FsError::Range);
+    }
+    match XATTR_NAMESPACES.iter().find(|ns| name.starts_with(ns)) {
+        None => return Err(FsError::NotSupported),
+        Some(ns) if name.len() == ns.len() => {
+            return Err(FsError::Invalid("an xattr name needs more than its namespace".into()))
+        }
+        Some(_) => {}
     }
     let mut key = ino_key(ino).to_vec();
     key.extend_from_slice(name);
@@ -140,5 +151,12 @@ mod tests {
         let long = "u".repeat(XATTR_NAME_LEN_MAX + 1);
         assert_eq!(set(&mut fs, a.ino, &long, b"", 0), Err(FsError::Range));
         assert_eq!(set(&mut fs, a.ino, "", b"", 0), Err(FsError::Range));
+        assert!(matches!(set(&mut fs, a.ino, "user.", b"1", 0), Err(FsError::Invalid(_))));
+        for name in ["bogus.k", "system.posix_acl_access", "userk", "k"] {
+            assert_eq!(set(&mut fs, a.ino, name, b"1", 0), Err(FsError::NotSupported), "{name}");
+            assert_eq!(get(&mut fs, a.ino, name), Err(FsError::NotSupported), "{name}");
+        }
+        set(&mut fs, a.ino, "trusted.k", b"1", 0).unwrap();
+        set(&mut fs, a.ino, "security.k", b"1", 0).unwrap();
     }
 }
