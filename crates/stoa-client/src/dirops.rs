@@ -175,6 +175,7 @@ impl Client {
         if self.sh.caps.listed(parent, name)?.is_some() {
             return Some(Err(FsError::Exists));
         }
+        let (dir, _) = self.sh.caps.cached_attr(parent)?;
         // Held until the create is queued: meta takes a session's creates only in the
         // order of their numbers and only from its current reservation, so a number must
         // be queued before another task takes the next one or reserves anew.
@@ -190,12 +191,13 @@ impl Client {
             FileKind::Dir => (new.perm & 0o7777, 0),
             _ => (new.perm & 0o7777, new.rdev),
         };
+        let (perm, gid) = dir.inherited(new.kind, perm, new.owner.gid);
         let attr = Attr {
             ino,
             kind: new.kind,
             perm,
             uid: new.owner.uid,
-            gid: new.owner.gid,
+            gid,
             size: new.target.len() as u64,
             nlink: if new.kind == FileKind::Dir { 2 } else { 1 },
             rdev,
@@ -212,7 +214,7 @@ impl Client {
             kind: new.kind,
             perm,
             uid: new.owner.uid,
-            gid: new.owner.gid,
+            gid,
             rdev,
             target: new.target.to_vec(),
             open: new.open,

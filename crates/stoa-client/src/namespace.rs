@@ -25,6 +25,27 @@ impl Client {
         Ok(self.getattr_cached(ino).await?.0)
     }
 
+    /// Before a write by a caller without `CAP_FSETID` (the kernel's
+    /// `FUSE_WRITE_KILL_SUIDGID`): drops the set-user-ID bit of the file, and its
+    /// set-group-ID bit if it is group-executable, as a local filesystem does on such a
+    /// write. The kernel does it itself only for writes through its page cache; those
+    /// the mount takes directly are left to it. Under a cap the mode is known here, and a
+    /// file without those bits costs nothing more.
+    pub async fn drop_setid(&self, ino: InodeId) -> Result<(), FsError> {
+        let attr = match self.sh.caps.cached_attr(ino) {
+            Some((attr, _)) => attr,
+            None => self.getattr(ino).await?,
+        };
+        let mut perm = attr.perm & !libc::S_ISUID;
+        if perm & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            perm &= !libc::S_ISGID;
+        }
+        if perm != attr.perm {
+            self.setattr(ino, SetAttr { perm: Some(perm), ..SetAttr::default() }).await?;
+        }
+        Ok(())
+    }
+
     /// Changes attributes. A size change cuts or extends the data first; any change waits
     /// for this client's pending writes, whose commits would otherwise overwrite a newly
     /// set mtime or size. A mode or owner change of an inode this client holds

@@ -574,18 +574,24 @@ impl Filesystem for StoaFs {
         h: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
-        if flags.0 & libc::O_APPEND != 0 {
-            let kernel = self.kernel.clone();
-            return self.spawn(|c| crate::caps::append(c, kernel, i, h, offset, data, reply));
-        }
+        let drop_setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let append = flags.0 & libc::O_APPEND != 0;
         let (kernel, direct_writes) = (self.kernel.clone(), self.direct_writes);
         self.spawn(|c| async move {
+            if drop_setid {
+                if let Err(e) = c.drop_setid(ino(i)).await {
+                    return reply.error(fail("write", &e));
+                }
+            }
+            if append {
+                return crate::caps::append(c, kernel, i, h, offset, data, reply).await;
+            }
             match c.write(fh(h), offset, &data).await {
                 Ok(n) => {
                     // A read answered while the kernel sent this write may have put the

@@ -87,6 +87,22 @@ pub struct Attr {
     pub version: u64,
 }
 
+impl Attr {
+    /// The permission bits and group of an inode of `kind` made in this directory, asked
+    /// for with `perm` by a caller in group `gid`. In a directory with the set-group-ID
+    /// bit, everything made takes the directory's group, and a directory the bit too, as
+    /// on Linux (the kernel has already dropped the bit from `perm` for a caller outside
+    /// the group). Giving the same answer again for its own output, it is the same rule
+    /// for a mount that makes an inode itself and for meta applying that create.
+    pub fn inherited(&self, kind: FileKind, perm: u32, gid: u32) -> (u32, u32) {
+        let setgid = libc::S_ISGID;
+        if self.perm & setgid == 0 {
+            return (perm, gid);
+        }
+        (if kind == FileKind::Dir { perm | setgid } else { perm }, self.gid)
+    }
+}
+
 /// One entry of a directory listing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {

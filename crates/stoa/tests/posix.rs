@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{pattern, sh, statvfs, Dev};
+use common::{pattern, sh, statvfs, Dev, Mount};
 use std::ffi::CString;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -205,6 +205,49 @@ fn attributes(m: &Path) {
     }
 }
 
+/// The set-ID bits as on a local disk: a set-group-ID directory gives its group to what
+/// is made in it (from this mount, which makes it itself, and from another, through
+/// meta), and the bit to new directories; an unprivileged write drops a file's
+/// set-user-ID bit, and its set-group-ID bit if it is group-executable.
+fn set_id_bits(m: &Path, other: &Path) {
+    let d = m.join("shared");
+    std::fs::create_dir(&d).unwrap();
+    std::os::unix::fs::chown(&d, None, Some(4242)).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o2775)).unwrap();
+    std::fs::write(d.join("here"), b"").unwrap();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    std::fs::write(other.join("shared/there"), b"").unwrap();
+    std::fs::create_dir(other.join("shared/sub2")).unwrap();
+    for (name, mode) in [("here", 0o644), ("there", 0o644), ("sub", 0o2755), ("sub2", 0o2755)] {
+        for root in [m, other] {
+            let md = std::fs::metadata(root.join("shared").join(name)).unwrap();
+            assert_eq!((md.gid(), md.mode() & 0o7777), (4242, mode), "{name} seen from {root:?}");
+        }
+    }
+
+    let f = m.join("setid");
+    std::fs::write(&f, b"x").unwrap();
+    std::os::unix::fs::chown(&f, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    // SAFETY: the child only drops its ids, writes and exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let ok = libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(65534) == 0
+                && libc::setuid(65534) == 0;
+            let fd = libc::open(c(&f).as_ptr(), libc::O_WRONLY | libc::O_APPEND);
+            let wrote = fd >= 0 && libc::write(fd, b"y".as_ptr().cast(), 1) == 1;
+            libc::_exit(if ok && wrote { 0 } else { 1 });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert_eq!(status, 0, "the unprivileged write failed");
+    }
+    assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, 0o755);
+    assert_eq!(std::fs::read(&f).unwrap(), b"xy");
+}
+
 fn mmap_and_fsync(m: &Path) {
     let f = m.join("mapped");
     let h = std::fs::OpenOptions::new()
@@ -246,6 +289,9 @@ fn everyday_operations_behave_like_a_local_filesystem() {
     directories(&m);
     names(&m);
     attributes(&m);
+    let other = Mount::new(&dev, "other");
+    set_id_bits(&m, &other.path.join("posix"));
+    drop(other);
     mmap_and_fsync(&m);
     large_file(&m);
 }

@@ -118,18 +118,19 @@ fn add_inode(
     size: u64,
     now: Timestamp,
 ) -> Result<InodeRec, FsError> {
-    load_dir(kv, parent)?;
+    let dir = load_dir(kv, parent)?;
     let name = valid_name(name)?;
     if find_dentry(kv, parent, name)?.is_some() {
         return Err(FsError::Exists);
     }
     let is_dir = new.kind == FileKind::Dir;
+    let (perm, gid) = dir.attr.inherited(new.kind, new.perm & 0o7777, new.gid);
     let attr = Attr {
         ino,
         kind: new.kind,
-        perm: new.perm & 0o7777,
+        perm,
         uid: new.uid,
-        gid: new.gid,
+        gid,
         size,
         nlink: if is_dir { 2 } else { 1 },
         rdev: new.rdev,
@@ -150,7 +151,7 @@ fn add_inode(
 mod tests {
     use crate::testing::{create_op, Fs, ROOT};
     use stoa_proto::{MetaOp, MetaResponse};
-    use stoa_types::{FileKind, FsError, NAME_LEN_MAX};
+    use stoa_types::{FileKind, FsError, SetAttr, NAME_LEN_MAX};
 
     #[test]
     fn create_makes_a_file_and_updates_the_parent() {
@@ -186,6 +187,33 @@ mod tests {
         assert_eq!(fs.create(f.ino, "x"), Err(FsError::NotDir));
         assert_eq!(fs.create(inner.ino, "x").unwrap().nlink, 1);
         assert_eq!(fs.mkdir(stoa_types::InodeId(999), "x"), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn a_set_group_id_directory_gives_its_group_and_the_bit_to_new_directories() {
+        let mut fs = Fs::new();
+        let d = fs.mkdir(ROOT, "d").unwrap();
+        let set = SetAttr { perm: Some(0o2775), gid: Some(42), ..SetAttr::default() };
+        fs.attr(MetaOp::SetAttr { ino: d.ino, set }).unwrap();
+        let f = fs.create(d.ino, "f").unwrap();
+        assert_eq!((f.perm, f.gid, f.uid), (0o644, 42, 1));
+        let sub = fs.mkdir(d.ino, "sub").unwrap();
+        assert_eq!((sub.perm, sub.gid), (0o2755, 42));
+        let deeper = fs.create(sub.ino, "g").unwrap();
+        assert_eq!(deeper.gid, 42);
+        let link = MetaOp::Symlink {
+            parent: d.ino,
+            name: b"l".to_vec(),
+            target: b"f".to_vec(),
+            uid: 1,
+            gid: 1,
+        };
+        assert_eq!(fs.attr(link).unwrap().gid, 42);
+        // Without the bit, the caller's group and mode.
+        assert_eq!(
+            (fs.create(ROOT, "plain").unwrap().gid, fs.mkdir(ROOT, "e").unwrap().perm),
+            (1, 0o755)
+        );
     }
 
     #[test]
