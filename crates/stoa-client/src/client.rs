@@ -492,7 +492,7 @@ impl Client {
             let mut inner = file.lock();
             // A size learnt without a cap may be stale by the next read.
             if capped {
-                inner.learn(&attr);
+                inner.learn_cached(&attr);
             }
             attr.size = inner.size_of(&attr);
         }

@@ -309,6 +309,18 @@ impl FileInner {
         }
     }
 
+    /// [`FileInner::learn`] for attributes from this client's cache. While a change is
+    /// deferred, the cache holds versions this client counted on from it, ahead of the
+    /// size commits meta has not answered yet and will number first: taken here, such a
+    /// version (with the size before those commits) would hide the commits' answers, and
+    /// once the writes settled the file would read as that old size (empty, for a file
+    /// `tar` had just written). The commits' answers are learnt as they come instead.
+    pub fn learn_cached(&mut self, attr: &Attr) {
+        if self.deferred.is_empty() {
+            self.learn(attr);
+        }
+    }
+
     /// The size to report for `attr`: the size of the newest version this client knows
     /// if `attr` is older (even after a recall dropped `meta_size`), and further if this
     /// client wrote past it.

@@ -142,7 +142,7 @@ impl FileState {
         }
         if let Some((attr, _)) = capped.then(|| sh.caps.cached_attr(self.ino)).flatten() {
             let mut inner = self.lock();
-            inner.learn(&attr);
+            inner.learn_cached(&attr);
             return Ok(inner.size_of(&attr));
         }
         let attr = sh.session.call_attr(MetaOp::GetAttr { ino: self.ino }).await?;

@@ -9,7 +9,7 @@ mod common;
 use common::{Dev, Mount};
 use std::collections::BTreeSet;
 use std::fs::{File, FileTimes, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -215,16 +215,27 @@ fn times_set_right_after_writes_are_made_on_the_mount_and_seen_on_the_other() {
     let applied = || dev.status()["meta"]["last_applied"].as_u64().expect("applied index");
     let old = |i: u32| UNIX_EPOCH + Duration::from_secs(1_600_000_000 + u64::from(i));
     let before = applied();
+    let mut readers = Vec::new();
     for i in 0..200u32 {
         let mut f = File::create(a.join(format!("f{i}"))).unwrap();
         f.write_all(&vec![i as u8; 10_000]).unwrap();
         f.set_times(FileTimes::new().set_modified(old(i)).set_accessed(old(0))).unwrap();
         std::os::unix::fs::fchown(&f, Some(i % 3), Some(7)).unwrap();
         f.set_permissions(std::fs::Permissions::from_mode(0o640)).unwrap();
+        drop(f);
+        // Opened while the changes wait behind the writes, read once they are all in.
+        readers.push(File::open(a.join(format!("f{i}"))).unwrap());
     }
     let entries = applied() - before;
     println!("200 files written and their times set on one mount: {entries} log entries");
     assert!(entries < 100, "{entries} log entries for 200 files, their times set each");
+    std::thread::sleep(Duration::from_secs(1));
+    for (i, mut reader) in readers.into_iter().enumerate() {
+        let mut back = Vec::new();
+        reader.read_to_end(&mut back).unwrap();
+        let right = back == vec![i as u8; 10_000];
+        assert!(right, "f{i} read back on its own mount: {} bytes, not as written", back.len());
+    }
     for i in 0..200u32 {
         let seen = std::fs::metadata(b.join(format!("f{i}"))).unwrap();
         let got = (seen.modified().unwrap(), seen.len(), seen.mode() & 0o7777, seen.uid());

@@ -365,7 +365,20 @@ pub fn compare_trees(want: &Path, got: &Path) -> usize {
         } else {
             assert_eq!(wm.len(), gm.len(), "size of {}", g.display());
             let (wb, gb) = (std::fs::read(&w).unwrap(), std::fs::read(&g).unwrap());
-            assert!(wb == gb, "contents of {} differ", g.display());
+            if wb != gb {
+                let differ: Vec<usize> = (0..wb.len()).filter(|&i| wb[i] != gb[i]).collect();
+                let (first, last) = (differ[0], differ[differ.len() - 1]);
+                let zeros = gb[first..=last].iter().all(|&b| b == 0);
+                panic!(
+                    "contents of {} differ: {} of {} bytes, from {first} to {last}; the mount \
+                     has {} there; read again: {}",
+                    g.display(),
+                    differ.len(),
+                    wb.len(),
+                    if zeros { "zeros" } else { "other bytes" },
+                    if std::fs::read(&g).unwrap() == wb { "right" } else { "still wrong" },
+                );
+            }
         }
     }
     count
