@@ -365,6 +365,7 @@ pub fn compare_trees(want: &Path, got: &Path) -> usize {
         } else {
             assert_eq!(wm.len(), gm.len(), "size of {}", g.display());
             let (wb, gb) = (std::fs::read(&w).unwrap(), std::fs::read(&g).unwrap());
+            assert_eq!(wb.len(), gb.len(), "bytes read back from {}", g.display());
             if wb != gb {
                 let differ: Vec<usize> = (0..wb.len()).filter(|&i| wb[i] != gb[i]).collect();
                 let (first, last) = (differ[0], differ[differ.len() - 1]);
