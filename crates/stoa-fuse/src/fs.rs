@@ -581,8 +581,14 @@ impl Filesystem for StoaFs {
     ) {
         let data = data.to_vec();
         let drop_setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let append = flags.0 & libc::O_APPEND != 0;
-        let (kernel, direct_writes) = (self.kernel.clone(), self.direct_writes);
+        // A write-back of the kernel's pages (a shared mapping's) goes where the pages
+        // are, whichever handle the kernel picked for it, even one opened `O_APPEND`;
+        // and its pages stay under write-back until it is answered, so dropping them
+        // before would wait for itself (they hold what it writes anyway).
+        let from_pages = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let append = flags.0 & libc::O_APPEND != 0 && !from_pages;
+        let direct_writes = self.direct_writes && !from_pages;
+        let kernel = self.kernel.clone();
         self.spawn(|c| async move {
             if drop_setid {
                 if let Err(e) = c.drop_setid(ino(i)).await {

@@ -258,25 +258,43 @@ fn mmap_and_fsync(m: &Path) {
         .open(&f)
         .unwrap();
     h.set_len(8192).unwrap();
+    // A read through a read-only handle leaves pages of the file in the kernel's cache,
+    // which the mount drops after its next direct write: the write-back of the mapping
+    // below must not (its page stays under write-back until it is answered, so the
+    // drop waited for itself, forever).
+    assert_eq!(std::fs::read(&f).unwrap(), vec![0u8; 8192]);
+    // The kernel may pick any writable handle for the write-back, this one too: the
+    // bytes still go where the page is.
+    let appender = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
     use std::os::unix::io::AsRawFd;
-    // SAFETY: a shared mapping of a file we hold open, 8192 bytes long, unmapped below.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            8192,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            h.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), p.cast::<u8>().add(4096), 7);
-        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
-        libc::munmap(p, 8192);
-    }
+    let fd = h.as_raw_fd();
+    let (synced, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: a shared mapping of a file held open until this thread reports,
+        // 8192 bytes long, unmapped below.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), p.cast::<u8>().add(4096), 7);
+            assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+            libc::munmap(p, 8192);
+        }
+        let _ = synced.send(());
+    });
+    wait.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("msync of a shared mapping did not return in 60 s");
+    drop(appender);
     h.sync_all().unwrap();
     drop(h);
     let data = std::fs::read(&f).unwrap();
+    assert_eq!(data.len(), 8192, "the write-back changed the size");
     assert_eq!(&data[4096..4103], b"mapped!");
 }
 
