@@ -587,7 +587,8 @@ impl Filesystem for StoaFs {
         // before would wait for itself (they hold what it writes anyway).
         let from_pages = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let append = flags.0 & libc::O_APPEND != 0 && !from_pages;
-        let direct_writes = self.direct_writes && !from_pages;
+        // Whether this write went around the kernel's pages.
+        let direct = self.direct_writes && !from_pages;
         let kernel = self.kernel.clone();
         self.spawn(|c| async move {
             if drop_setid {
@@ -602,7 +603,7 @@ impl Filesystem for StoaFs {
                 Ok(n) => {
                     // A read answered while the kernel sent this write may have put the
                     // old bytes back in its cache (see `Client::page_cached`).
-                    if direct_writes && c.take_kernel_pages(fh(h)) {
+                    if direct && c.take_kernel_pages(fh(h)) {
                         crate::caps::drop_pages(&kernel, i, offset, data.len()).await;
                     }
                     reply.written(n)

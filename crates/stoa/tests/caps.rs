@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{sh, Dev, Mount};
+use common::{sh, wait_all_within, Dev, Mount};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Write;
@@ -698,32 +698,14 @@ fn random_file_operations_on_two_mounts_match_a_model() {
     let other = Mount::new(&dev, "mnt2");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fsx.py");
     for seed in 1..=3 {
-        // Output to a file, and a deadline kept here: a process stuck in the kernel
-        // cannot be killed, so the test fails and lets the cluster go, which frees it.
-        let said = tempfile::NamedTempFile::new().unwrap();
-        let mut fsx = Command::new("python3")
+        let fsx = Command::new("python3")
             .arg(&script)
             .arg(&dev.mnt)
             .arg(&other.path)
             .arg(seed.to_string())
             .arg("2000")
-            .stdout(said.reopen().unwrap())
-            .stderr(said.reopen().unwrap())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let status = loop {
-            if let Some(status) = fsx.try_wait().unwrap() {
-                break Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = fsx.kill();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let said = std::fs::read_to_string(said.path()).unwrap();
-        assert!(status.is_some_and(|s| s.success()), "fsx.py seed {seed} ({status:?}):\n{said}");
-        print!("{said}");
+        wait_all_within(vec![fsx], 300, &format!("fsx.py seed {seed}"));
     }
 }

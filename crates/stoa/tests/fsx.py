@@ -35,9 +35,11 @@ log = []
 def path(m, i):
     return os.path.join(m, DIR, "f%d" % i)
 
+
 for i in range(NF):
     with open(path(A, i), "wb"):
         pass
+
 
 def fd(m, i, flags=os.O_RDWR):
     k = (m, i, flags)
@@ -45,16 +47,19 @@ def fd(m, i, flags=os.O_RDWR):
         fds[k] = os.open(path(m, i), flags)
     return fds[k]
 
+
 def close_some():
     for k in list(fds):
         if rnd.random() < 0.3:
             os.close(fds.pop(k))
+
 
 def fail(msg):
     print("FAIL seed=%d op#%d: %s" % (seed, len(log), msg), flush=True)
     for l in log[-25:]:
         print("   ", l)
     sys.exit(1)
+
 
 def check_read(m, i, off, ln, how="pread"):
     exp = bytes(model[i][off:off + ln])
@@ -70,13 +75,23 @@ def check_read(m, i, off, ln, how="pread"):
         first = next((k for k in range(min(len(got), len(exp))) if got[k] != exp[k]), min(len(got), len(exp)))
         fail("%s %s f%d off=%d len=%d: got %d bytes, expected %d, first diff at +%d" % (how, m, i, off, ln, len(got), len(exp), first))
 
-def rnd_range(i, grow=True):
-    size = len(model[i])
-    top = min(MAXLEN, size + (256 * 1024 if grow else 0))
+
+def put(i, off, data):
+    """Records `data` written at `off` of file i, a hole of zeros before it."""
+    cur = model[i]
+    if off > len(cur):
+        cur.extend(b"\0" * (off - len(cur)))
+    cur[off:off + len(data)] = data
+
+
+def rnd_range(i):
+    """A random range in file i or up to 256 KiB past its end."""
+    top = min(MAXLEN, len(model[i]) + 256 * 1024)
     off = rnd.randrange(0, max(1, top))
     ln = rnd.choice([1, 17, 512, 4096, 4096 * 3 + 5, 65536, 200000, rnd.randrange(1, 1 << 20)])
     ln = max(1, min(ln, MAXLEN - off))
     return off, ln
+
 
 t0 = time.time()
 progress = [0]
@@ -104,10 +119,7 @@ for n in range(nops):
         data = rnd.randbytes(ln)
         log.append(("write", m, i, off, ln))
         os.pwrite(fd(m, i), data, off)
-        cur = model[i]
-        if off > len(cur):
-            cur.extend(b"\0" * (off - len(cur)))
-        cur[off:off + ln] = data
+        put(i, off, data)
     elif r < 0.36:
         ln = rnd.choice([1, 100, 4096, 70000])
         data = rnd.randbytes(ln)
@@ -146,7 +158,7 @@ for n in range(nops):
         else:
             os.fdatasync(fd(m, i))
     elif r < 0.82:
-        # mmap write on a mapped range inside the file
+        # A store through a shared mapping of a range inside the file.
         size = len(model[i])
         if size < 4096:
             continue
@@ -185,16 +197,12 @@ for n in range(nops):
             if k == 0:
                 break
             done += k
-        src = bytes(model[i][soff:soff + done])
-        cur = model[j]
-        if doff > len(cur):
-            cur.extend(b"\0" * (doff - len(cur)))
-        cur[doff:doff + done] = src
+        put(j, doff, bytes(model[i][soff:soff + done]))
     elif r < 0.92:
         log.append(("close", m))
         close_some()
     elif r < 0.96:
-        # rename over: write full content to tmp on m, rename onto f_i
+        # A new file written whole, renamed over file i.
         tmp = os.path.join(m, DIR, "tmp")
         data = rnd.randbytes(rnd.randrange(0, 100000))
         log.append(("replace", m, i, len(data)))
@@ -205,12 +213,18 @@ for n in range(nops):
         os.rename(tmp, path(m, i))
         model[i] = bytearray(data)
     else:
-        # whole-file check from the other mount via fresh open
+        # The whole file, through a fresh open.
         log.append(("fullcheck", m, i))
         check_read(m, i, 0, MAXLEN + 1, "open")
+
+
 for k in list(fds):
     os.close(fds.pop(k))
+
+
 for i in range(NF):
     for m in (A, B):
         check_read(m, i, 0, MAXLEN + 1, "open")
+
+
 print("ok seed=%d ops=%d in %.1fs" % (seed, nops, time.time() - t0))
