@@ -1,0 +1,558 @@
+#!/usr/bin/env python3
+"""A check of the namespace across two mounts of one cluster, against a model.
+
+Usage: nsx.py MOUNT_A MOUNT_B SEED OPS
+
+Makes OPS random namespace operations in a small tree (names a..e, three levels deep), each
+on a mount picked at random: creates, appends, mkdir, rmdir, unlink, rename (files and
+directories, over files and empty directories, into their own subtree), hard links, symbolic
+links, chmod, setting and removing extended attributes, and handles held open across an
+unlink or a rename on the other mount. Each operation's result (success, or which errno) is
+checked against a model of the tree, kept here, that follows Linux's rules; so are lstat,
+readlink, listdir, getxattr and reads, by path and through held handles. Every answer must
+show every change that returned before it, on either mount. Run on one local directory (the
+same path twice) it must pass: that is how the model is checked. Prints the last operations
+on a mismatch and exits 1; exits 2 when one operation takes longer than 60 s (a hang).
+"""
+import errno
+import os
+import random
+import stat
+import sys
+import threading
+import time
+
+A, B = sys.argv[1], sys.argv[2]
+seed = int(sys.argv[3])
+nops = int(sys.argv[4])
+rnd = random.Random(seed)
+DIR = "nsx%d" % seed
+NAMES = "abcde"
+os.makedirs(os.path.join(A, DIR))
+
+# The model: inodes by number; a directory's entries map names to inode numbers.
+FILE, DIRECTORY, LINK = "file", "dir", "symlink"
+inodes = {0: {"type": DIRECTORY, "mode": 0o755, "entries": {}, "xattrs": {}}}
+next_ino = [1]
+held = []  # [mount, inode number, descriptor]
+log = []
+
+
+class Err(Exception):
+    def __init__(self, code):
+        self.code = code
+
+
+def fail(msg):
+    print("FAIL seed=%d op#%d: %s" % (seed, len(log), msg), flush=True)
+    for entry in log[-30:]:
+        print("   ", entry)
+    sys.exit(1)
+
+
+def new_inode(kind, **kw):
+    ino = next_ino[0]
+    next_ino[0] += 1
+    inodes[ino] = dict(type=kind, xattrs={}, **kw)
+    return ino
+
+
+def walk(parts):
+    """The inode of the directory holding the last of `parts`, as Linux walks a path:
+    a missing component is ENOENT, a file ENOTDIR, a symbolic link (all dangle) ENOENT."""
+    ino = 0
+    for name in parts[:-1]:
+        child = inodes[ino]["entries"].get(name)
+        if child is None:
+            raise Err(errno.ENOENT)
+        kind = inodes[child]["type"]
+        if kind == FILE:
+            raise Err(errno.ENOTDIR)
+        if kind == LINK:
+            raise Err(errno.ENOENT)
+        ino = child
+    return ino
+
+
+def lookup(parts):
+    """(parent, inode or None) of a path, not following a final symbolic link."""
+    parent = walk(parts)
+    return parent, inodes[parent]["entries"].get(parts[-1])
+
+
+def follow(parts):
+    """The inode a path names, following a final symbolic link (which dangles)."""
+    _, ino = lookup(parts)
+    if ino is None or inodes[ino]["type"] == LINK:
+        raise Err(errno.ENOENT)
+    return ino
+
+
+def links(ino):
+    """A file's link count, a directory's 2 plus its subdirectories, by the model."""
+    node = inodes[ino]
+    if node["type"] == DIRECTORY:
+        return 2 + sum(1 for c in node["entries"].values() if inodes[c]["type"] == DIRECTORY)
+    return node["nlink"]
+
+
+def rnd_path():
+    return [rnd.choice(NAMES) for _ in range(rnd.choice((1, 1, 2, 2, 3)))]
+
+
+def real(m, parts):
+    return os.path.join(m, DIR, *parts)
+
+
+def expect(what, model_fn, real_fn):
+    """Runs the operation on the model and for real; both must succeed with the same
+    value, or fail with the same errno."""
+    try:
+        want = ("ok", model_fn())
+    except Err as e:
+        want = ("err", e.code)
+    try:
+        got = ("ok", real_fn())
+    except OSError as e:
+        got = ("err", e.errno)
+    if want[0] != got[0] or (want[0] == "err" and want != got):
+        def show(r):
+            return errno.errorcode.get(r[1], r[1]) if r[0] == "err" else "success"
+        fail("%s: got %s, expected %s" % (what, show(got), show(want)))
+
+
+def apply(what, model_fn, real_fn):
+    """Like expect, but the model's change is made only when the operation succeeds."""
+    try:
+        model_fn(False)
+        want = ("ok", None)
+    except Err as e:
+        want = ("err", e.code)
+    try:
+        real_fn()
+        got = ("ok", None)
+    except OSError as e:
+        got = ("err", e.errno)
+    if (want[0] == "ok") != (got[0] == "ok") or (want[0] == "err" and want != got):
+        def show(r):
+            return errno.errorcode.get(r[1], r[1]) if r[0] == "err" else "success"
+        fail("%s: got %s, expected %s" % (what, show(got), show(want)))
+    if want[0] == "ok":
+        model_fn(True)
+
+
+def token():
+    return ("%d.%d\n" % (seed, len(log))).encode()
+
+
+# Operations on the model. Each takes `do`: False checks and returns the errno Linux gives,
+# True makes the change (called only after the real operation succeeded).
+
+def m_create(parts, data):
+    def run(do):
+        parent, ino = lookup(parts)
+        if ino is not None:
+            raise Err(errno.EEXIST)
+        if do:
+            inodes[parent]["entries"][parts[-1]] = new_inode(FILE, mode=0o644, nlink=1, data=data)
+    return run
+
+
+def m_append(parts, data):
+    def run(do):
+        ino = follow(parts)
+        if inodes[ino]["type"] == DIRECTORY:
+            raise Err(errno.EISDIR)
+        if do:
+            inodes[ino]["data"] += data
+    return run
+
+
+def m_mkdir(parts):
+    def run(do):
+        parent, ino = lookup(parts)
+        if ino is not None:
+            raise Err(errno.EEXIST)
+        if do:
+            # A new directory takes the set-group-ID bit of its parent.
+            mode = 0o755 | (inodes[parent]["mode"] & stat.S_ISGID)
+            inodes[parent]["entries"][parts[-1]] = new_inode(DIRECTORY, mode=mode, entries={})
+    return run
+
+
+def drop_link(parent, name):
+    ino = inodes[parent]["entries"].pop(name)
+    if inodes[ino]["type"] != DIRECTORY:
+        inodes[ino]["nlink"] -= 1
+
+
+def m_rmdir(parts):
+    def run(do):
+        parent, ino = lookup(parts)
+        if ino is None:
+            raise Err(errno.ENOENT)
+        if inodes[ino]["type"] != DIRECTORY:
+            raise Err(errno.ENOTDIR)
+        if inodes[ino]["entries"]:
+            raise Err(errno.ENOTEMPTY)
+        if do:
+            drop_link(parent, parts[-1])
+    return run
+
+
+def m_unlink(parts):
+    def run(do):
+        parent, ino = lookup(parts)
+        if ino is None:
+            raise Err(errno.ENOENT)
+        if inodes[ino]["type"] == DIRECTORY:
+            raise Err(errno.EISDIR)
+        if do:
+            drop_link(parent, parts[-1])
+    return run
+
+
+def m_rename(src, dst):
+    def run(do):
+        sparent, sino = lookup(src)
+        dparent = walk(dst)
+        if sino is None:
+            raise Err(errno.ENOENT)
+        if dst[:len(src)] == src and len(dst) > len(src):
+            raise Err(errno.EINVAL)
+        if src[:len(dst)] == dst and len(src) > len(dst):
+            raise Err(errno.ENOTEMPTY)
+        dino = inodes[dparent]["entries"].get(dst[-1])
+        if dino == sino:
+            return
+        sdir = inodes[sino]["type"] == DIRECTORY
+        if dino is not None:
+            ddir = inodes[dino]["type"] == DIRECTORY
+            if sdir and not ddir:
+                raise Err(errno.ENOTDIR)
+            if ddir and not sdir:
+                raise Err(errno.EISDIR)
+            if ddir and inodes[dino]["entries"]:
+                raise Err(errno.ENOTEMPTY)
+        if do:
+            if dino is not None:
+                drop_link(dparent, dst[-1])
+            inodes[dparent]["entries"][dst[-1]] = inodes[sparent]["entries"].pop(src[-1])
+    return run
+
+
+def m_link(src, dst):
+    def run(do):
+        _, sino = lookup(src)
+        if sino is None:
+            raise Err(errno.ENOENT)
+        dparent, dino = lookup(dst)
+        if dino is not None:
+            raise Err(errno.EEXIST)
+        if inodes[sino]["type"] == DIRECTORY:
+            raise Err(errno.EPERM)
+        if do:
+            inodes[dparent]["entries"][dst[-1]] = sino
+            inodes[sino]["nlink"] += 1
+    return run
+
+
+def m_symlink(target, parts):
+    def run(do):
+        parent, ino = lookup(parts)
+        if ino is not None:
+            raise Err(errno.EEXIST)
+        if do:
+            inodes[parent]["entries"][parts[-1]] = new_inode(LINK, mode=0o777, nlink=1, target=target)
+    return run
+
+
+def m_chmod(parts, mode):
+    def run(do):
+        ino = follow(parts)
+        if do:
+            inodes[ino]["mode"] = mode
+    return run
+
+
+def m_setxattr(parts, key, value):
+    def run(do):
+        ino = follow(parts)
+        if do:
+            inodes[ino]["xattrs"][key] = value
+    return run
+
+
+def m_removexattr(parts, key):
+    def run(do):
+        ino = follow(parts)
+        if key not in inodes[ino]["xattrs"]:
+            raise Err(errno.ENODATA)
+        if do:
+            del inodes[ino]["xattrs"][key]
+    return run
+
+
+# Checks of what a mount shows.
+
+def check_lstat(m, parts):
+    def want():
+        _, ino = lookup(parts)
+        if ino is None:
+            raise Err(errno.ENOENT)
+        node = inodes[ino]
+        size = len(node["data"]) if node["type"] == FILE else len(node["target"]) if node["type"] == LINK else None
+        return node["type"], node["mode"], links(ino), size
+
+    got = {}
+
+    def real_fn():
+        st = os.lstat(real(m, parts))
+        kind = FILE if stat.S_ISREG(st.st_mode) else DIRECTORY if stat.S_ISDIR(st.st_mode) else LINK
+        got["v"] = kind, stat.S_IMODE(st.st_mode), st.st_nlink, None if kind == DIRECTORY else st.st_size
+
+    expect("lstat %s %s" % (m, "/".join(parts)), want, real_fn)
+    try:
+        w = want()
+    except Err:
+        return
+    if got.get("v") != w:
+        fail("lstat %s %s: got %s, expected %s" % (m, "/".join(parts), got.get("v"), w))
+
+
+def check_read(m, parts):
+    def want():
+        ino = follow(parts)
+        if inodes[ino]["type"] == DIRECTORY:
+            raise Err(errno.EISDIR)
+        return inodes[ino]["data"]
+
+    got = {}
+
+    def real_fn():
+        fd = os.open(real(m, parts), os.O_RDONLY)
+        try:
+            got["v"] = os.pread(fd, 1 << 20, 0)
+        finally:
+            os.close(fd)
+
+    expect("read %s %s" % (m, "/".join(parts)), want, real_fn)
+    if "v" in got and got["v"] != want():
+        fail("read %s %s: got %r, expected %r" % (m, "/".join(parts), got["v"], want()))
+
+
+def check_listdir(m, parts):
+    def want():
+        ino = follow(parts)
+        if inodes[ino]["type"] != DIRECTORY:
+            raise Err(errno.ENOTDIR)
+        return sorted(inodes[ino]["entries"])
+
+    got = {}
+
+    def real_fn():
+        got["v"] = sorted(os.listdir(real(m, parts)))
+
+    expect("listdir %s %s" % (m, "/".join(parts)), want, real_fn)
+    if "v" in got and got["v"] != want():
+        fail("listdir %s %s: got %s, expected %s" % (m, "/".join(parts), got["v"], want()))
+
+
+def check_readlink(m, parts):
+    def want():
+        _, ino = lookup(parts)
+        if ino is None:
+            raise Err(errno.ENOENT)
+        if inodes[ino]["type"] != LINK:
+            raise Err(errno.EINVAL)
+        return inodes[ino]["target"]
+
+    got = {}
+
+    def real_fn():
+        got["v"] = os.readlink(real(m, parts))
+
+    expect("readlink %s %s" % (m, "/".join(parts)), want, real_fn)
+    if "v" in got and got["v"] != want():
+        fail("readlink %s %s: got %s, expected %s" % (m, "/".join(parts), got["v"], want()))
+
+
+def check_xattrs(m, parts):
+    def want():
+        return dict(inodes[follow(parts)]["xattrs"])
+
+    got = {}
+
+    def real_fn():
+        p = real(m, parts)
+        got["v"] = {k: os.getxattr(p, k) for k in os.listxattr(p) if k.startswith("user.")}
+
+    expect("xattrs %s %s" % (m, "/".join(parts)), want, real_fn)
+    if "v" in got and got["v"] != want():
+        fail("xattrs %s %s: got %s, expected %s" % (m, "/".join(parts), got["v"], want()))
+
+
+def check_held():
+    """A handle held open reads its inode's bytes and link count, even once unlinked or
+    renamed on the other mount."""
+    m, ino, fd = rnd.choice(held)
+    node = inodes[ino]
+    log.append(("held-read", m, ino))
+    data = os.pread(fd, 1 << 20, 0)
+    if data != node["data"]:
+        fail("held %s inode %d: read %r, expected %r" % (m, ino, data, node["data"]))
+    st = os.fstat(fd)
+    if st.st_nlink != node["nlink"] or st.st_size != len(node["data"]):
+        fail("held %s inode %d: fstat nlink %d size %d, expected %d %d"
+             % (m, ino, st.st_nlink, st.st_size, node["nlink"], len(node["data"])))
+
+
+progress = [0]
+
+
+def watchdog():
+    last, since = -1, time.time()
+    while True:
+        time.sleep(1)
+        if progress[0] != last:
+            last, since = progress[0], time.time()
+        elif time.time() - since > 60:
+            print("HUNG seed=%d op#%d: %s" % (seed, progress[0], log[-3:]), flush=True)
+            os._exit(2)
+
+
+threading.Thread(target=watchdog, daemon=True).start()
+t0 = time.time()
+for n in range(nops):
+    progress[0] = n
+    m = rnd.choice((A, B))
+    p = rnd_path()
+    s = "/".join(p)
+    r = rnd.random()
+    if r < 0.12:
+        data = token()
+        log.append(("create", m, s))
+
+        def create(m=m, p=p, data=data):
+            fd = os.open(real(m, p), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        apply("create %s %s" % (m, s), m_create(p, data), create)
+    elif r < 0.18:
+        data = token()
+        log.append(("append", m, s))
+
+        def append(m=m, p=p, data=data):
+            fd = os.open(real(m, p), os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        apply("append %s %s" % (m, s), m_append(p, data), append)
+    elif r < 0.26:
+        log.append(("mkdir", m, s))
+        apply("mkdir %s %s" % (m, s), m_mkdir(p), lambda: os.mkdir(real(m, p)))
+    elif r < 0.32:
+        log.append(("rmdir", m, s))
+        apply("rmdir %s %s" % (m, s), m_rmdir(p), lambda: os.rmdir(real(m, p)))
+    elif r < 0.38:
+        log.append(("unlink", m, s))
+        apply("unlink %s %s" % (m, s), m_unlink(p), lambda: os.unlink(real(m, p)))
+    elif r < 0.48:
+        q = rnd_path()
+        log.append(("rename", m, s, "/".join(q)))
+        apply("rename %s %s %s" % (m, s, "/".join(q)), m_rename(p, q),
+              lambda: os.rename(real(m, p), real(m, q)))
+    elif r < 0.53:
+        q = rnd_path()
+        log.append(("link", m, s, "/".join(q)))
+        apply("link %s %s %s" % (m, s, "/".join(q)), m_link(p, q),
+              lambda: os.link(real(m, p), real(m, q), follow_symlinks=False))
+    elif r < 0.56:
+        target = "nowhere/%d" % n
+        log.append(("symlink", m, target, s))
+        apply("symlink %s %s" % (m, s), m_symlink(target, p), lambda: os.symlink(target, real(m, p)))
+    elif r < 0.61:
+        mode = rnd.choice((0o600, 0o644, 0o755, 0o700, 0o4755, 0o2775, 0o1777, 0o0))
+        log.append(("chmod", m, s, oct(mode)))
+        apply("chmod %s %s" % (m, s), m_chmod(p, mode), lambda: os.chmod(real(m, p), mode))
+    elif r < 0.65:
+        key = "user.k%d" % rnd.randrange(3)
+        value = token()
+        log.append(("setxattr", m, s, key))
+        apply("setxattr %s %s" % (m, s), m_setxattr(p, key, value),
+              lambda: os.setxattr(real(m, p), key, value))
+    elif r < 0.67:
+        key = "user.k%d" % rnd.randrange(3)
+        log.append(("removexattr", m, s, key))
+        apply("removexattr %s %s" % (m, s), m_removexattr(p, key),
+              lambda: os.removexattr(real(m, p), key))
+    elif r < 0.70:
+        # Hold a handle of a file open, to read it after the other mount moves or removes it.
+        try:
+            ino = follow(p)
+        except Err:
+            continue
+        if inodes[ino]["type"] != FILE or len(held) >= 8:
+            continue
+        log.append(("hold", m, s, ino))
+        held.append((m, ino, os.open(real(m, p), os.O_RDWR)))
+    elif r < 0.72:
+        if not held:
+            continue
+        h = held.pop(rnd.randrange(len(held)))
+        log.append(("release", h[0], h[1]))
+        os.close(h[2])
+    elif r < 0.75:
+        if held:
+            m, ino, fd = rnd.choice(held)
+            data = token()
+            log.append(("held-append", m, ino))
+            os.pwrite(fd, data, len(inodes[ino]["data"]))
+            inodes[ino]["data"] += data
+    elif r < 0.78:
+        if held:
+            check_held()
+    elif r < 0.86:
+        log.append(("lstat", m, s))
+        check_lstat(m, p)
+    elif r < 0.90:
+        log.append(("read", m, s))
+        check_read(m, p)
+    elif r < 0.95:
+        log.append(("listdir", m, s))
+        check_listdir(m, p[:-1] if len(p) > 1 and rnd.random() < 0.5 else p)
+    elif r < 0.97:
+        log.append(("readlink", m, s))
+        check_readlink(m, p)
+    else:
+        log.append(("xattrs", m, s))
+        check_xattrs(m, p)
+
+progress[0] = nops
+for m, ino, fd in held:
+    os.close(fd)
+
+
+def check_tree(m, parts, ino):
+    """Every entry under a directory, on one mount, against the model."""
+    log.append(("tree", m, "/".join(parts)))
+    got = sorted(os.listdir(real(m, parts)))
+    if got != sorted(inodes[ino]["entries"]):
+        fail("listdir %s /%s: got %s, expected %s" % (m, "/".join(parts), got, sorted(inodes[ino]["entries"])))
+    for name, child in inodes[ino]["entries"].items():
+        check_lstat(m, parts + [name])
+        kind = inodes[child]["type"]
+        if kind == DIRECTORY:
+            check_tree(m, parts + [name], child)
+        elif kind == FILE:
+            check_read(m, parts + [name])
+            check_xattrs(m, parts + [name])
+
+
+for m in (A, B):
+    check_tree(m, [], 0)
+
+print("ok seed=%d ops=%d in %.1fs" % (seed, nops, time.time() - t0))
