@@ -216,8 +216,8 @@ pub(crate) fn fail(what: &str, e: &FsError) -> Errno {
     errno(e)
 }
 
-/// Has the kernel drop `parent`/`name`, which it may hold for file `ino` that now has
-/// another name, then lets the file have the other name (`names.rs`). On a thread of
+/// Has the kernel drop `parent`/`name`, which it may hold for inode `ino` that now has
+/// another name, then lets the inode have the other name (`names.rs`). On a thread of
 /// its own: the kernel takes the directory's lock for it, which a rename holds until
 /// the lookup that met the old name returns. True once the kernel dropped it, false when
 /// that took longer than [`OLD_NAME_DROP_WAIT`] (it goes on in the background).
@@ -338,8 +338,8 @@ impl Filesystem for StoaFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (name, names, kernel) = (bytes(name), self.names.clone(), self.kernel.clone());
         self.spawn(|c| async move {
-            // Whether the kernel dropped the old name of the file found, this lookup
-            // having met it (once is enough: no other name is recorded meanwhile).
+            // A lookup waits for one drop of an old name; meeting one again, it answers
+            // ESTALE.
             let mut dropped_old = false;
             loop {
                 match c.lookup_cached(ino(parent), &name).await {
@@ -348,10 +348,10 @@ impl Filesystem for StoaFs {
                             reply.entry(&ttl, &file_attr(&attr), Generation(0));
                             drop(pin);
                         }
-                        // The kernel may hold this file under its old name, which another
+                        // The kernel may hold this inode under its old name, which another
                         // mount renamed away: it must not see both (see `names`). This
                         // client no longer answers the old name from its cache, and the
-                        // kernel is told to drop it; once it has, the file is looked up
+                        // kernel is told to drop it; once it has, the name is looked up
                         // again. Else ESTALE: the kernel's walk asks again.
                         Some(old) => {
                             tracing::debug!(

@@ -710,18 +710,20 @@ fn random_file_operations_on_two_mounts_match_a_model() {
     }
 }
 
-/// Random namespace operations on two mounts (creates, mkdir, rmdir, unlink, renames of
-/// files and directories, hard and symbolic links, chmod, xattrs, handles held across an
-/// unlink), each result, errno included, and every lstat, listing and read checked against
-/// a model of the tree that follows Linux's rules (`nsx.py`; on one local directory it
-/// passes). Seed 40 failed its 306th operation, a rename of a directory the other mount
-/// had moved, with ESTALE until the mount had the kernel drop directories' old names.
+/// Random namespace operations on two mounts (creates, truncates, mkdir, rmdir, unlink,
+/// renames with and without RENAME_NOREPLACE and RENAME_EXCHANGE, hard and symbolic
+/// links, chmod, xattrs, handles of files and directories held across the other mount's
+/// changes and used with the *at calls), each result, errno included, and every lstat,
+/// listing and read checked against a model of the tree that follows Linux's rules
+/// (`nsx.py`; on one local directory it passes). Seeds 16 and 32 failed with ESTALE (a
+/// symlink, a link) until a lookup that meets a name the kernel still holds waited for
+/// the kernel to drop it.
 #[test]
 fn random_namespace_operations_on_two_mounts_match_a_model() {
     let dev = Dev::start(3, 3);
     let other = Mount::new(&dev, "mnt2");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nsx.py");
-    for seed in [40, 5, 60] {
+    for seed in [16, 32, 6] {
         let nsx = Command::new("python3")
             .arg(&script)
             .arg(&dev.mnt)

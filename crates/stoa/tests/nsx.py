@@ -4,16 +4,20 @@
 Usage: nsx.py MOUNT_A MOUNT_B SEED OPS
 
 Makes OPS random namespace operations in a small tree (names a..e, three levels deep), each
-on a mount picked at random: creates, appends, mkdir, rmdir, unlink, rename (files and
-directories, over files and empty directories, into their own subtree), hard links, symbolic
-links, chmod, setting and removing extended attributes, and handles held open across an
-unlink or a rename on the other mount. Each operation's result (success, or which errno) is
-checked against a model of the tree, kept here, that follows Linux's rules; so are lstat,
-readlink, listdir, getxattr and reads, by path and through held handles. Every answer must
-show every change that returned before it, on either mount. Run on one local directory (the
-same path twice) it must pass: that is how the model is checked. Prints the last operations
-on a mismatch and exits 1; exits 2 when one operation takes longer than 60 s (a hang).
+on a mount picked at random: creates, appends, truncates, mkdir, rmdir, unlink, renames
+(plain, RENAME_NOREPLACE and RENAME_EXCHANGE; of files and directories, over files and empty
+directories, into their own subtree), hard links, symbolic links, chmod, setting and removing
+extended attributes, handles of files held open across an unlink or a rename on the other
+mount, and handles of directories held open, through which creates, mkdir, unlink, lstat
+and listings are made (the *at calls) wherever the other mount moved or removed them. Each
+operation's result (success, or which errno) is checked against a model of the tree, kept
+here, that follows Linux's rules; so are lstat, readlink, listdir, getxattr and reads, by
+path and through held handles. Every answer must show every change that returned before
+it, on either mount. Run on one local directory (the same path twice) it must pass: that
+is how the model is checked. Prints the last operations on a mismatch and exits 1; exits 2
+when one operation takes longer than 60 s (a hang).
 """
+import ctypes
 import errno
 import os
 import random
@@ -34,8 +38,17 @@ os.makedirs(os.path.join(A, DIR))
 FILE, DIRECTORY, LINK = "file", "dir", "symlink"
 inodes = {0: {"type": DIRECTORY, "mode": 0o755, "entries": {}, "xattrs": {}}}
 next_ino = [1]
-held = []  # [mount, inode number, descriptor]
+held = []  # (mount, inode number, descriptor) of files held open
+held_dirs = []  # the same, of directories
 log = []
+NOREPLACE, EXCHANGE = 1, 2  # renameat2(2) flags
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def renameat2(src, dst, flags):
+    if libc.renameat2(-100, os.fsencode(src), -100, os.fsencode(dst), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), src)
 
 
 class Err(Exception):
@@ -182,7 +195,9 @@ def m_mkdir(parts):
 
 def drop_link(parent, name):
     ino = inodes[parent]["entries"].pop(name)
-    if inodes[ino]["type"] != DIRECTORY:
+    if inodes[ino]["type"] == DIRECTORY:
+        inodes[ino]["gone"] = True
+    else:
         inodes[ino]["nlink"] -= 1
 
 
@@ -212,18 +227,27 @@ def m_unlink(parts):
     return run
 
 
-def m_rename(src, dst):
+def m_rename(src, dst, flags=0):
     def run(do):
         sparent, sino = lookup(src)
         dparent = walk(dst)
         if sino is None:
             raise Err(errno.ENOENT)
+        dino = inodes[dparent]["entries"].get(dst[-1])
+        if flags & NOREPLACE and dino is not None:
+            raise Err(errno.EEXIST)
+        if flags & EXCHANGE and dino is None:
+            raise Err(errno.ENOENT)
         if dst[:len(src)] == src and len(dst) > len(src):
             raise Err(errno.EINVAL)
         if src[:len(dst)] == dst and len(src) > len(dst):
-            raise Err(errno.ENOTEMPTY)
-        dino = inodes[dparent]["entries"].get(dst[-1])
+            raise Err(errno.EINVAL if flags & EXCHANGE else errno.ENOTEMPTY)
         if dino == sino:
+            return
+        if flags & EXCHANGE:
+            if do:
+                inodes[sparent]["entries"][src[-1]] = dino
+                inodes[dparent]["entries"][dst[-1]] = sino
             return
         sdir = inodes[sino]["type"] == DIRECTORY
         if dino is not None:
@@ -238,6 +262,56 @@ def m_rename(src, dst):
             if dino is not None:
                 drop_link(dparent, dst[-1])
             inodes[dparent]["entries"][dst[-1]] = inodes[sparent]["entries"].pop(src[-1])
+    return run
+
+
+def m_truncate(parts, size):
+    def run(do):
+        ino = follow(parts)
+        if inodes[ino]["type"] == DIRECTORY:
+            raise Err(errno.EISDIR)
+        if do:
+            data = inodes[ino]["data"][:size]
+            inodes[ino]["data"] = data + b"\0" * (size - len(data))
+    return run
+
+
+def in_held(ino, name):
+    """The inode `name` leads to in directory `ino`, reached through a held handle: a
+    directory removed since has no entries, and nothing can be made in it."""
+    if inodes[ino].get("gone"):
+        raise Err(errno.ENOENT)
+    return inodes[ino]["entries"].get(name)
+
+
+def m_create_at(ino, name, data):
+    def run(do):
+        if in_held(ino, name) is not None:
+            raise Err(errno.EEXIST)
+        if do:
+            inodes[ino]["entries"][name] = new_inode(FILE, mode=0o644, nlink=1, data=data)
+    return run
+
+
+def m_mkdir_at(ino, name):
+    def run(do):
+        if in_held(ino, name) is not None:
+            raise Err(errno.EEXIST)
+        if do:
+            mode = 0o755 | (inodes[ino]["mode"] & stat.S_ISGID)
+            inodes[ino]["entries"][name] = new_inode(DIRECTORY, mode=mode, entries={})
+    return run
+
+
+def m_unlink_at(ino, name):
+    def run(do):
+        child = in_held(ino, name)
+        if child is None:
+            raise Err(errno.ENOENT)
+        if inodes[child]["type"] == DIRECTORY:
+            raise Err(errno.EISDIR)
+        if do:
+            drop_link(ino, name)
     return run
 
 
@@ -421,118 +495,233 @@ def watchdog():
             os._exit(2)
 
 
+def op_create(n, m, p, s):
+    data = token()
+    log.append(("create", m, s))
+
+    def create():
+        fd = os.open(real(m, p), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    apply("create %s %s" % (m, s), m_create(p, data), create)
+
+
+def op_append(n, m, p, s):
+    data = token()
+    log.append(("append", m, s))
+
+    def append():
+        fd = os.open(real(m, p), os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    apply("append %s %s" % (m, s), m_append(p, data), append)
+
+
+def op_truncate(n, m, p, s):
+    size = rnd.randrange(0, 40)
+    log.append(("truncate", m, s, size))
+    apply("truncate %s %s" % (m, s), m_truncate(p, size), lambda: os.truncate(real(m, p), size))
+
+
+def op_mkdir(n, m, p, s):
+    log.append(("mkdir", m, s))
+    apply("mkdir %s %s" % (m, s), m_mkdir(p), lambda: os.mkdir(real(m, p)))
+
+
+def op_rmdir(n, m, p, s):
+    log.append(("rmdir", m, s))
+    apply("rmdir %s %s" % (m, s), m_rmdir(p), lambda: os.rmdir(real(m, p)))
+
+
+def op_unlink(n, m, p, s):
+    log.append(("unlink", m, s))
+    apply("unlink %s %s" % (m, s), m_unlink(p), lambda: os.unlink(real(m, p)))
+
+
+def op_rename(n, m, p, s):
+    q = rnd_path()
+    flags = rnd.choice((0, 0, 0, NOREPLACE, EXCHANGE))
+    log.append(("rename", m, s, "/".join(q), flags))
+    apply("rename(%d) %s %s %s" % (flags, m, s, "/".join(q)), m_rename(p, q, flags),
+          lambda: renameat2(real(m, p), real(m, q), flags))
+
+
+def op_link(n, m, p, s):
+    q = rnd_path()
+    log.append(("link", m, s, "/".join(q)))
+    apply("link %s %s %s" % (m, s, "/".join(q)), m_link(p, q),
+          lambda: os.link(real(m, p), real(m, q), follow_symlinks=False))
+
+
+def op_symlink(n, m, p, s):
+    target = "nowhere/%d" % n
+    log.append(("symlink", m, target, s))
+    apply("symlink %s %s" % (m, s), m_symlink(target, p), lambda: os.symlink(target, real(m, p)))
+
+
+def op_chmod(n, m, p, s):
+    mode = rnd.choice((0o600, 0o644, 0o755, 0o700, 0o4755, 0o2775, 0o1777, 0o0))
+    log.append(("chmod", m, s, oct(mode)))
+    apply("chmod %s %s" % (m, s), m_chmod(p, mode), lambda: os.chmod(real(m, p), mode))
+
+
+def op_setxattr(n, m, p, s):
+    key = "user.k%d" % rnd.randrange(3)
+    value = token()
+    log.append(("setxattr", m, s, key))
+    apply("setxattr %s %s" % (m, s), m_setxattr(p, key, value),
+          lambda: os.setxattr(real(m, p), key, value))
+
+
+def op_removexattr(n, m, p, s):
+    key = "user.k%d" % rnd.randrange(3)
+    log.append(("removexattr", m, s, key))
+    apply("removexattr %s %s" % (m, s), m_removexattr(p, key),
+          lambda: os.removexattr(real(m, p), key))
+
+
+def op_hold(n, m, p, s):
+    """Holds a handle of a file or directory open, to use it after the other mount moves
+    or removes it."""
+    try:
+        ino = follow(p)
+    except Err:
+        return
+    kind = inodes[ino]["type"]
+    into = held if kind == FILE else held_dirs
+    if len(into) >= 8:
+        return
+    log.append(("hold", m, s, ino))
+    into.append((m, ino, os.open(real(m, p), os.O_RDWR if kind == FILE else os.O_RDONLY)))
+
+
+def op_release(n, m, p, s):
+    into = rnd.choice((held, held_dirs))
+    if into:
+        h = into.pop(rnd.randrange(len(into)))
+        log.append(("release", h[0], h[1]))
+        os.close(h[2])
+
+
+def op_held_append(n, m, p, s):
+    if held:
+        m, ino, fd = rnd.choice(held)
+        data = token()
+        log.append(("held-append", m, ino))
+        os.pwrite(fd, data, len(inodes[ino]["data"]))
+        inodes[ino]["data"] += data
+
+
+def op_held_read(n, m, p, s):
+    if held:
+        check_held()
+
+
+def op_in_held_dir(n, m, p, s):
+    """A create, mkdir, unlink, lstat or listing through a held directory handle (the
+    *at calls), which must reach the directory wherever the other mount moved it."""
+    if not held_dirs:
+        return
+    m, ino, dfd = rnd.choice(held_dirs)
+    name = rnd.choice(NAMES)
+    what = rnd.choice(("create", "mkdir", "unlink", "lstat", "list"))
+    log.append(("at-" + what, m, ino, name))
+    label = "%s at %s inode %d %s" % (what, m, ino, name)
+    if what == "create":
+        data = token()
+
+        def create():
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644, dir_fd=dfd)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        apply(label, m_create_at(ino, name, data), create)
+    elif what == "mkdir":
+        apply(label, m_mkdir_at(ino, name), lambda: os.mkdir(name, dir_fd=dfd))
+    elif what == "unlink":
+        apply(label, m_unlink_at(ino, name), lambda: os.unlink(name, dir_fd=dfd))
+    elif what == "lstat":
+        def want():
+            child = in_held(ino, name)
+            if child is None:
+                raise Err(errno.ENOENT)
+            return inodes[child]["type"]
+
+        got = {}
+
+        def real_fn():
+            st = os.lstat(name, dir_fd=dfd)
+            got["v"] = FILE if stat.S_ISREG(st.st_mode) else DIRECTORY if stat.S_ISDIR(st.st_mode) else LINK
+        expect(label, want, real_fn)
+        if "v" in got and got["v"] != want():
+            fail("%s: got %s, expected %s" % (label, got["v"], want()))
+    else:
+        # A removed directory lists empty (glibc takes the kernel's ENOENT for its end).
+        # Known limit (caps.md): on a mount, fstat of a removed directory is ENOENT, and
+        # so is a listing through its handle (os.listdir stats it first).
+        def want():
+            if inodes[ino].get("gone") and A != B:
+                raise Err(errno.ENOENT)
+            return [] if inodes[ino].get("gone") else sorted(inodes[ino]["entries"])
+
+        got = {}
+
+        def real_fn():
+            got["v"] = sorted(os.listdir(dfd))
+        expect(label, want, real_fn)
+        if "v" in got and got["v"] != want():
+            fail("%s: got %s, expected %s" % (label, got["v"], want()))
+
+
+def op_lstat(n, m, p, s):
+    log.append(("lstat", m, s))
+    check_lstat(m, p)
+
+
+def op_read(n, m, p, s):
+    log.append(("read", m, s))
+    check_read(m, p)
+
+
+def op_listdir(n, m, p, s):
+    log.append(("listdir", m, s))
+    check_listdir(m, p[:-1] if len(p) > 1 and rnd.random() < 0.5 else p)
+
+
+def op_readlink(n, m, p, s):
+    log.append(("readlink", m, s))
+    check_readlink(m, p)
+
+
+def op_xattrs(n, m, p, s):
+    log.append(("xattrs", m, s))
+    check_xattrs(m, p)
+
+
+# Operations and their weights (in hundredths of all operations).
+OPS = [
+    (op_create, 11), (op_append, 5), (op_truncate, 3), (op_mkdir, 8), (op_rmdir, 5),
+    (op_unlink, 5), (op_rename, 11), (op_link, 4), (op_symlink, 3), (op_chmod, 4),
+    (op_setxattr, 3), (op_removexattr, 2), (op_hold, 3), (op_release, 2),
+    (op_held_append, 2), (op_held_read, 3), (op_in_held_dir, 6), (op_lstat, 8),
+    (op_read, 4), (op_listdir, 4), (op_readlink, 2), (op_xattrs, 2),
+]
 threading.Thread(target=watchdog, daemon=True).start()
 t0 = time.time()
 for n in range(nops):
     progress[0] = n
     m = rnd.choice((A, B))
     p = rnd_path()
-    s = "/".join(p)
-    r = rnd.random()
-    if r < 0.12:
-        data = token()
-        log.append(("create", m, s))
-
-        def create(m=m, p=p, data=data):
-            fd = os.open(real(m, p), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-        apply("create %s %s" % (m, s), m_create(p, data), create)
-    elif r < 0.18:
-        data = token()
-        log.append(("append", m, s))
-
-        def append(m=m, p=p, data=data):
-            fd = os.open(real(m, p), os.O_WRONLY | os.O_APPEND)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-        apply("append %s %s" % (m, s), m_append(p, data), append)
-    elif r < 0.26:
-        log.append(("mkdir", m, s))
-        apply("mkdir %s %s" % (m, s), m_mkdir(p), lambda: os.mkdir(real(m, p)))
-    elif r < 0.32:
-        log.append(("rmdir", m, s))
-        apply("rmdir %s %s" % (m, s), m_rmdir(p), lambda: os.rmdir(real(m, p)))
-    elif r < 0.38:
-        log.append(("unlink", m, s))
-        apply("unlink %s %s" % (m, s), m_unlink(p), lambda: os.unlink(real(m, p)))
-    elif r < 0.48:
-        q = rnd_path()
-        log.append(("rename", m, s, "/".join(q)))
-        apply("rename %s %s %s" % (m, s, "/".join(q)), m_rename(p, q),
-              lambda: os.rename(real(m, p), real(m, q)))
-    elif r < 0.53:
-        q = rnd_path()
-        log.append(("link", m, s, "/".join(q)))
-        apply("link %s %s %s" % (m, s, "/".join(q)), m_link(p, q),
-              lambda: os.link(real(m, p), real(m, q), follow_symlinks=False))
-    elif r < 0.56:
-        target = "nowhere/%d" % n
-        log.append(("symlink", m, target, s))
-        apply("symlink %s %s" % (m, s), m_symlink(target, p), lambda: os.symlink(target, real(m, p)))
-    elif r < 0.61:
-        mode = rnd.choice((0o600, 0o644, 0o755, 0o700, 0o4755, 0o2775, 0o1777, 0o0))
-        log.append(("chmod", m, s, oct(mode)))
-        apply("chmod %s %s" % (m, s), m_chmod(p, mode), lambda: os.chmod(real(m, p), mode))
-    elif r < 0.65:
-        key = "user.k%d" % rnd.randrange(3)
-        value = token()
-        log.append(("setxattr", m, s, key))
-        apply("setxattr %s %s" % (m, s), m_setxattr(p, key, value),
-              lambda: os.setxattr(real(m, p), key, value))
-    elif r < 0.67:
-        key = "user.k%d" % rnd.randrange(3)
-        log.append(("removexattr", m, s, key))
-        apply("removexattr %s %s" % (m, s), m_removexattr(p, key),
-              lambda: os.removexattr(real(m, p), key))
-    elif r < 0.70:
-        # Hold a handle of a file open, to read it after the other mount moves or removes it.
-        try:
-            ino = follow(p)
-        except Err:
-            continue
-        if inodes[ino]["type"] != FILE or len(held) >= 8:
-            continue
-        log.append(("hold", m, s, ino))
-        held.append((m, ino, os.open(real(m, p), os.O_RDWR)))
-    elif r < 0.72:
-        if not held:
-            continue
-        h = held.pop(rnd.randrange(len(held)))
-        log.append(("release", h[0], h[1]))
-        os.close(h[2])
-    elif r < 0.75:
-        if held:
-            m, ino, fd = rnd.choice(held)
-            data = token()
-            log.append(("held-append", m, ino))
-            os.pwrite(fd, data, len(inodes[ino]["data"]))
-            inodes[ino]["data"] += data
-    elif r < 0.78:
-        if held:
-            check_held()
-    elif r < 0.86:
-        log.append(("lstat", m, s))
-        check_lstat(m, p)
-    elif r < 0.90:
-        log.append(("read", m, s))
-        check_read(m, p)
-    elif r < 0.95:
-        log.append(("listdir", m, s))
-        check_listdir(m, p[:-1] if len(p) > 1 and rnd.random() < 0.5 else p)
-    elif r < 0.97:
-        log.append(("readlink", m, s))
-        check_readlink(m, p)
-    else:
-        log.append(("xattrs", m, s))
-        check_xattrs(m, p)
+    op = rnd.choices([o for o, _ in OPS], weights=[w for _, w in OPS])[0]
+    op(n, m, p, "/".join(p))
 
 progress[0] = nops
-for m, ino, fd in held:
+for m, ino, fd in held + held_dirs:
     os.close(fd)
 
 
