@@ -694,19 +694,25 @@ fn an_open_held_up_past_the_strays_grace_finds_the_file_or_reports_it_gone() {
 /// pages after a mapping's write-back.
 #[test]
 fn random_file_operations_on_two_mounts_match_a_model() {
+    model_check("fsx.py", &[1, 2, 3], 2000);
+}
+
+/// Runs a model-check script (`tests/NAME`) on two mounts of a new cluster, once per
+/// seed, each run failing the test on a mismatch or after 300 s.
+fn model_check(name: &str, seeds: &[u32], ops: u32) {
     let dev = Dev::start(3, 3);
     let other = Mount::new(&dev, "mnt2");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fsx.py");
-    for seed in 1..=3 {
-        let fsx = Command::new("python3")
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(name);
+    for seed in seeds {
+        let run = Command::new("python3")
             .arg(&script)
             .arg(&dev.mnt)
             .arg(&other.path)
             .arg(seed.to_string())
-            .arg("2000")
+            .arg(ops.to_string())
             .spawn()
             .unwrap();
-        wait_all_within(vec![fsx], 300, &format!("fsx.py seed {seed}"));
+        wait_all_within(vec![run], 300, &format!("{name} seed {seed}"));
     }
 }
 
@@ -720,20 +726,7 @@ fn random_file_operations_on_two_mounts_match_a_model() {
 /// the kernel to drop it.
 #[test]
 fn random_namespace_operations_on_two_mounts_match_a_model() {
-    let dev = Dev::start(3, 3);
-    let other = Mount::new(&dev, "mnt2");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nsx.py");
-    for seed in [16, 32, 6] {
-        let nsx = Command::new("python3")
-            .arg(&script)
-            .arg(&dev.mnt)
-            .arg(&other.path)
-            .arg(seed.to_string())
-            .arg("4000")
-            .spawn()
-            .unwrap();
-        wait_all_within(vec![nsx], 300, &format!("nsx.py seed {seed}"));
-    }
+    model_check("nsx.py", &[16, 32, 6], 4000);
 }
 
 /// A directory the other mount moved here from another directory, which this mount's

@@ -16,8 +16,10 @@ import mmap
 import os
 import random
 import sys
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import watchdog  # noqa: E402
 
 A, B = sys.argv[1], sys.argv[2]
 seed = int(sys.argv[3])
@@ -95,20 +97,7 @@ def rnd_range(i):
 
 t0 = time.time()
 progress = [0]
-
-
-def watchdog():
-    last, since = -1, time.time()
-    while True:
-        time.sleep(1)
-        if progress[0] != last:
-            last, since = progress[0], time.time()
-        elif time.time() - since > 60:
-            print("HUNG seed=%d op#%d: %s" % (seed, progress[0], log[-3:]), flush=True)
-            os._exit(2)
-
-
-threading.Thread(target=watchdog, daemon=True).start()
+watchdog.start(seed, progress, log)
 for n in range(nops):
     progress[0] = n
     m = rnd.choice((A, B))
