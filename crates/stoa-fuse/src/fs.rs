@@ -340,58 +340,54 @@ impl Filesystem for StoaFs {
         self.spawn(|c| async move {
             // A lookup waits for one drop of an old name; meeting one again, it answers
             // ESTALE.
-            let mut dropped_old = false;
-            loop {
-                match c.lookup_cached(ino(parent), &name).await {
-                    Ok((attr, ttl, pin)) => match names.give(parent.0, &name, &attr) {
-                        None => {
-                            reply.entry(&ttl, &file_attr(&attr), Generation(0));
-                            drop(pin);
-                        }
-                        // The kernel may hold this inode under its old name, which another
-                        // mount renamed away: it must not see both (see `names`). This
-                        // client no longer answers the old name from its cache, and the
-                        // kernel is told to drop it; once it has, the name is looked up
-                        // again. Else ESTALE: the kernel's walk asks again.
-                        Some(old) => {
-                            tracing::debug!(
-                                "lookup of {}/{:?} found inode {} (links {}), which the \
-                                 kernel may hold as {}/{:?}",
-                                parent.0,
-                                OsStr::from_bytes(&name),
-                                attr.ino,
-                                attr.nlink,
-                                old.0,
-                                OsStr::from_bytes(&old.1)
-                            );
-                            drop(pin);
-                            c.forget_cached_name(InodeId(old.0), &old.1);
-                            if !dropped_old {
-                                let ino = attr.ino.0;
-                                dropped_old = drop_old_name(&kernel, &names, old, ino).await;
-                                if dropped_old {
-                                    continue;
-                                }
-                            }
-                            tracing::debug!("the kernel still holds it: ESTALE");
-                            reply.error(Errno::ESTALE);
-                        }
-                    },
-                    Err(FsError::NotFound) => {
-                        names.removed(parent.0, &name);
-                        // Under the directory's listing the kernel may remember the
-                        // absence, and an open(O_CREAT) then needs no lookup first.
-                        match c.missing_entry(ino(parent), &name).await {
-                            Some((ttl, pin)) => {
-                                reply.entry(&ttl, &missing_attr(), Generation(0));
-                                drop(pin);
-                            }
-                            None => reply.error(Errno::ENOENT),
-                        }
-                    }
-                    Err(e) => reply.error(fail("lookup", &e)),
+            let mut waited = false;
+            let found = loop {
+                let found = c.lookup_cached(ino(parent), &name).await;
+                let Ok((attr, _, _)) = &found else { break found };
+                let Some(old) = names.give(parent.0, &name, attr) else { break found };
+                // The kernel may hold this inode under its old name, which another mount
+                // renamed away: it must not see both (see `names`). This client no longer
+                // answers the old name from its cache, and the kernel is told to drop it;
+                // once it has, the name is looked up again. Else ESTALE: the kernel's walk
+                // asks again.
+                tracing::debug!(
+                    "lookup of {}/{:?} found inode {} (links {}), which the kernel may hold \
+                     as {}/{:?}",
+                    parent.0,
+                    OsStr::from_bytes(&name),
+                    attr.ino,
+                    attr.nlink,
+                    old.0,
+                    OsStr::from_bytes(&old.1)
+                );
+                let ino = attr.ino.0;
+                // Lets go of the cap's pin while the kernel drops the name.
+                drop(found);
+                c.forget_cached_name(InodeId(old.0), &old.1);
+                if waited || !drop_old_name(&kernel, &names, old, ino).await {
+                    tracing::debug!("the kernel still holds it: ESTALE");
+                    return reply.error(Errno::ESTALE);
                 }
-                break;
+                waited = true;
+            };
+            match found {
+                Ok((attr, ttl, pin)) => {
+                    reply.entry(&ttl, &file_attr(&attr), Generation(0));
+                    drop(pin);
+                }
+                Err(FsError::NotFound) => {
+                    names.removed(parent.0, &name);
+                    // Under the directory's listing the kernel may remember the absence,
+                    // and an open(O_CREAT) then needs no lookup first.
+                    match c.missing_entry(ino(parent), &name).await {
+                        Some((ttl, pin)) => {
+                            reply.entry(&ttl, &missing_attr(), Generation(0));
+                            drop(pin);
+                        }
+                        None => reply.error(Errno::ENOENT),
+                    }
+                }
+                Err(e) => reply.error(fail("lookup", &e)),
             }
         });
     }

@@ -50,7 +50,7 @@ pub struct KernelNames(Mutex<Names>);
 struct Names {
     by_ino: HashMap<u64, Name>,
     by_name: HashMap<Name, u64>,
-    /// Files whose old name the kernel is being told to drop: true once it has.
+    /// Inodes whose old name the kernel is being told to drop: true once it has.
     dropping: HashMap<u64, watch::Receiver<bool>>,
 }
 
@@ -70,10 +70,10 @@ impl Names {
 
 impl KernelNames {
     /// Records that the kernel gets `attr` under `parent`/`name`. Returns the other name
-    /// the kernel may still hold the same inode under, if it has only one (a directory,
-    /// or a file with one link): the
-    /// caller must not give it this name then, and has the kernel drop the old one
-    /// ([`KernelNames::dropped`] once it has).
+    /// the kernel may still hold the same inode under, if it has only one (a file with
+    /// one link, or a directory moved from another directory): the caller must not give
+    /// it this name then, and has the kernel drop the old one ([`KernelNames::dropped`]
+    /// once it has).
     pub fn give(&self, parent: u64, name: &[u8], attr: &Attr) -> Option<(u64, Vec<u8>)> {
         let mut n = self.lock();
         let ino = attr.ino.0;
