@@ -757,10 +757,10 @@ pub(crate) async fn get_caps(
     Ok(MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version })
 }
 
-/// What a mutation changes: the inodes whose cached state it changes (their holders in
-/// other sessions are recalled before it is answered), and among them the directories
-/// whose entries it changes (their exclusive holders, who may have buffered changes of
-/// their own, are recalled before it applies).
+/// What a mutation changes: the inodes whose cached state it changes (their exclusive
+/// holders in other sessions, who may have buffered changes of their own, are recalled
+/// before it applies, the others before it is answered), and among them the
+/// directories whose entries it changes (nobody takes them exclusively meanwhile).
 #[derive(Debug, Default)]
 pub(crate) struct Touched {
     pub inodes: Vec<InodeId>,
@@ -865,24 +865,24 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
     Ok(Touched { inodes, dirs })
 }
 
-/// Recalls other sessions' exclusive caps on `dirs` before `session` changes them, and
-/// waits for the acks: an exclusive holder of a directory may have made changes in it
-/// that meta has not applied yet (creates it answered itself), and they must apply
-/// first. Refused like a grant when the holder waits for this client: nothing changed
-/// yet.
+/// Recalls other sessions' exclusive caps on `inodes` before `session` changes them, and
+/// waits for the acks: an exclusive holder may have made changes that meta has not
+/// applied yet (creates in a directory it answered itself; a file's mode, owner, times
+/// or size), and they must apply first, or they would undo this change. Refused like a
+/// grant when the holder waits for this client: nothing changed yet.
 pub(crate) async fn recall_exclusive(
     node: &Node,
     session: SessionId,
-    dirs: &[InodeId],
+    inodes: &[InodeId],
 ) -> Result<(), FsError> {
-    let waiter = Waiter { session, works_on: dirs, refusable: true };
-    for &dir in dirs {
+    let waiter = Waiter { session, works_on: inodes, refusable: true };
+    for &ino in inodes {
         let exclusive: Vec<_> = node
             .caps
-            .others(dir, session)
+            .others(ino, session)
             .into_iter()
             .filter(|(_, h)| h.mode == CapMode::Exclusive)
-            .map(|(other, h)| (dir, other, h))
+            .map(|(other, h)| (ino, other, h))
             .collect();
         if !exclusive.is_empty() {
             recall(node, exclusive, waiter).await?;

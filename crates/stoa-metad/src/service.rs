@@ -161,8 +161,9 @@ impl Node {
         };
         // Other sessions' caches of what this changes are recalled before it is answered
         // (docs/flows/caps.md); a new leader first learns every cap there is. Exclusive
-        // holders of the directories it changes are recalled before it applies: they may
-        // have changed those directories themselves (invariant 14).
+        // holders of what it changes are recalled before it applies: they may have
+        // changed it themselves, and meta must have those changes first (invariant 14:
+        // entries of a directory; the mode, owner, times or size of a file).
         let named = caps::parents(&req.op);
         let _changing = self.caps.changing(&named);
         if !named.is_empty() {
@@ -174,7 +175,7 @@ impl Node {
             caps::await_grace(self).await?;
         }
         let _changing_found = self.caps.changing(&touched.dirs);
-        caps::recall_exclusive(self, session, &touched.dirs).await?;
+        caps::recall_exclusive(self, session, &touched.inodes).await?;
         if let MetaOp::Batch { ops } = &req.op {
             let created = ops.iter().filter_map(|op| match op {
                 BatchOp::Create { ino, .. } => Some(*ino),
