@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use stoa_net::Pool;
 use stoa_proto::{CapMode, MetaOp};
-use stoa_types::{validate_name, Attr, FileKind, FsError, InodeId, SessionId};
+use stoa_types::{validate_name, Attr, FileKind, FsError, InodeId, SessionId, SetAttr};
 use tokio::sync::Notify;
 
 /// Where the cluster is and what this client calls itself.
@@ -34,6 +34,9 @@ pub struct ClientConfig {
 
 /// The default of [`ClientConfig::caps_max`], like CephFS's client cache size.
 pub const CAPS_MAX_DEFAULT: usize = 16_384;
+
+/// The most zeros [`Client::fallocate`] writes at once, as large as the kernel's writes.
+const ZERO_PIECE: u64 = 1 << 20;
 
 /// An open file, as returned by [`Client::open`]. Unique within one client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -392,17 +395,7 @@ impl Client {
         let handle = self.sh.handle(fh)?;
         let _one_at_a_time = self.sh.appending.lock().await;
         let access = self.access(handle.file.ino, CapMode::Exclusive).await?;
-        let known = handle.file.lock().size();
-        let offset = match known {
-            Some(size) => size,
-            None => {
-                let attr =
-                    self.sh.session.call_attr(MetaOp::GetAttr { ino: handle.file.ino }).await?;
-                let mut inner = handle.file.lock();
-                inner.learn(&attr);
-                inner.size_of(&attr)
-            }
-        };
+        let offset = self.size_under_cap(&handle).await?;
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
         self.check_session(&handle)?;
         handle.file.write(&self.sh, offset, data, &handle.errors).await?;
@@ -410,6 +403,63 @@ impl Client {
             handle.file.flush(&self.sh, &handle.errors).await?;
         }
         Ok(offset)
+    }
+
+    /// `fallocate(2)` of `len` bytes at `offset`. Stoa keeps no blocks ahead of their
+    /// bytes, so reserving space only makes the file at least `offset + len` long, or
+    /// nothing with `keep_size`; a hole punched or a range zeroed (`zero`) is written
+    /// with zeros where it lies within the file, and a zeroed range past the end grows
+    /// it unless `keep_size`. Made under an exclusive cap, as an append is: the size it
+    /// goes by is the one every mount sees, so it never cuts what another mount wrote
+    /// past it.
+    pub async fn fallocate(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        len: u64,
+        zero: bool,
+        keep_size: bool,
+    ) -> Result<(), FsError> {
+        let handle = self.sh.handle(fh)?;
+        let end = offset.checked_add(len).ok_or(FsError::TooBig)?;
+        let _one_at_a_time = self.sh.appending.lock().await;
+        let ino = handle.file.ino;
+        let access = self.access(ino, CapMode::Exclusive).await?;
+        let size = self.size_under_cap(&handle).await?;
+        self.check_session(&handle)?;
+        if zero {
+            // Past the end, the file grows below, and reads zeros there.
+            let zeroed = end.min(size);
+            let zeros = vec![0u8; ZERO_PIECE.min(zeroed.saturating_sub(offset)) as usize];
+            let mut at = offset;
+            while at < zeroed {
+                let n = ZERO_PIECE.min(zeroed - at) as usize;
+                handle.file.write(&self.sh, at, &zeros[..n], &handle.errors).await?;
+                at += n as u64;
+            }
+        }
+        if end > size && !keep_size {
+            let sent = self.sh.caps.epoch();
+            let set = SetAttr { size: Some(end), ..SetAttr::default() };
+            let attr = handle.file.truncate(&self.sh, set, size).await?;
+            self.sh.caps.update_attr(attr, sent);
+        }
+        if let Access::Uncapped { .. } = access {
+            handle.file.flush(&self.sh, &handle.errors).await?;
+        }
+        Ok(())
+    }
+
+    /// The size of the handle's file as every mount sees it, for a caller holding its
+    /// exclusive cap.
+    async fn size_under_cap(&self, handle: &OpenHandle) -> Result<u64, FsError> {
+        if let Some(size) = handle.file.lock().size() {
+            return Ok(size);
+        }
+        let attr = self.sh.session.call_attr(MetaOp::GetAttr { ino: handle.file.ino }).await?;
+        let mut inner = handle.file.lock();
+        inner.learn(&attr);
+        Ok(inner.size_of(&attr))
     }
 
     /// Sends the buffered writes of the handle's file and, unless the file is held

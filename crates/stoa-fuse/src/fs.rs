@@ -842,6 +842,31 @@ impl Filesystem for StoaFs {
         reply.error(Errno::ENOTTY);
     }
 
+    /// Reserving space makes the file long enough, punching a hole or zeroing a range
+    /// writes zeros ([`Client::fallocate`]); moving ranges (`FALLOC_FL_COLLAPSE_RANGE`,
+    /// `FALLOC_FL_INSERT_RANGE`) is `EOPNOTSUPP`, as on filesystems without extents.
+    /// The kernel drops its pages of a zeroed range and learns a new size itself.
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        h: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let zeroing = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !(libc::FALLOC_FL_KEEP_SIZE | zeroing) != 0 {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let (zero, keep_size) = (mode & zeroing != 0, mode & libc::FALLOC_FL_KEEP_SIZE != 0);
+        self.spawn(|c| async move {
+            let r = c.fallocate(fh(h), offset, length, zero, keep_size).await;
+            reply_empty(reply, "fallocate", r);
+        });
+    }
+
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         self.spawn(|c| async move {
             match c.statfs().await {

@@ -4,7 +4,8 @@
 Usage: fsx.py MOUNT_A MOUNT_B SEED OPS
 
 Makes OPS random operations on four files, each on a mount picked at random: writes at
-random offsets and lengths, O_APPEND writes, truncates (by handle and by path), reads
+random offsets and lengths, O_APPEND writes, truncates (by handle and by path),
+fallocate (reserving space past the end or not, punching holes, zeroing ranges), reads
 (through a long-open handle and through a fresh open), stats, fsync and fdatasync,
 writes through a shared mapping (msync or not), copy_file_range between the files,
 closes of open handles, and replacement of a file by rename. Every read and stat is
@@ -12,6 +13,7 @@ checked against a model of the bytes kept here, so each answer must show every c
 that returned before it, on either mount. Prints the last operations on a mismatch and
 exits 1; exits 2 when one operation takes longer than 60 s (a hang).
 """
+import ctypes
 import mmap
 import os
 import random
@@ -32,6 +34,8 @@ os.makedirs(os.path.join(A, DIR), exist_ok=True)
 model = {i: bytearray() for i in range(NF)}
 fds = {}  # (mount, file, flags) -> descriptor
 log = []
+libc = ctypes.CDLL(None, use_errno=True)
+KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE = 0x01, 0x02, 0x10  # fallocate(2) modes
 
 
 def path(m, i):
@@ -116,7 +120,7 @@ for n in range(nops):
         f = fd(m, i, os.O_WRONLY | os.O_APPEND)
         os.write(f, data)
         model[i].extend(data)
-    elif r < 0.44:
+    elif r < 0.40:
         size = len(model[i])
         ns = rnd.choice([0, size // 2, size + 1000, rnd.randrange(0, MAXLEN), max(0, size - 1)])
         log.append(("truncate", m, i, ns))
@@ -129,6 +133,18 @@ for n in range(nops):
             del cur[ns:]
         else:
             cur.extend(b"\0" * (ns - len(cur)))
+    elif r < 0.44:
+        off, ln = rnd_range(i)
+        mode = rnd.choice([0, KEEP_SIZE, PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE, ZERO_RANGE | KEEP_SIZE])
+        log.append(("fallocate", m, i, mode, off, ln))
+        if libc.fallocate(fd(m, i), mode, ctypes.c_long(off), ctypes.c_long(ln)) != 0:
+            fail("fallocate %s f%d: %s" % (m, i, os.strerror(ctypes.get_errno())))
+        cur, end = model[i], off + ln
+        if mode & (PUNCH_HOLE | ZERO_RANGE) and off < len(cur):
+            zeroed = min(end, len(cur))
+            cur[off:zeroed] = bytes(zeroed - off)
+        if end > len(cur) and not mode & KEEP_SIZE:
+            cur.extend(bytes(end - len(cur)))
     elif r < 0.62:
         off, ln = rnd_range(i)
         how = rnd.choice(["pread", "open"])

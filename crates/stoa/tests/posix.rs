@@ -7,7 +7,7 @@ use common::{pattern, sh, statvfs, Dev, Mount};
 use std::ffi::CString;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 fn c(path: &Path) -> CString {
@@ -298,6 +298,69 @@ fn mmap_and_fsync(m: &Path) {
     assert_eq!(&data[4096..4103], b"mapped!");
 }
 
+/// `fallocate` at `offset` for `len` bytes in `mode` through `file`: its errno on failure.
+fn fallocate(file: &std::fs::File, mode: i32, offset: i64, len: i64) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an open descriptor.
+    match unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap()),
+    }
+}
+
+/// `fallocate(2)` as a local disk answers it: space reserved past the end grows the file
+/// (unless `FALLOC_FL_KEEP_SIZE`), a punched hole and a zeroed range read as zeros, and
+/// moving ranges is `EOPNOTSUPP`; the other mount sees each result. A reservation
+/// whose end falls before what the other mount wrote leaves that alone.
+fn preallocation(m: &Path, other: &Path) {
+    use libc::{FALLOC_FL_COLLAPSE_RANGE as COLLAPSE, FALLOC_FL_ZERO_RANGE as ZERO};
+    use libc::{FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH};
+    let (f, g) = (m.join("prealloc"), other.join("prealloc"));
+    let mut want = pattern(1, 0, 6_000);
+    std::fs::write(&f, &want).unwrap();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&f).unwrap();
+    let steps = [
+        (0, 0, 10_000),
+        (KEEP, 0, 50_000),
+        (PUNCH | KEEP, 100, 5_000),
+        (ZERO, 9_000, 4_000),
+        (ZERO | KEEP, 12_000, 8_000),
+        (PUNCH | KEEP, 11_000, 1 << 20),
+        (0, 1_000, 100),
+    ];
+    for (step, (mode, offset, len)) in steps.into_iter().enumerate() {
+        // Fresh bytes first, so that every zero the step leaves shows.
+        want = pattern(step as u64 + 2, 0, want.len());
+        file.write_all_at(&want, 0).unwrap();
+        fallocate(&file, mode, offset, len).unwrap();
+        let (start, end) = (offset as usize, (offset + len) as usize);
+        let end = if mode & KEEP != 0 { end.min(want.len()) } else { end };
+        if end > want.len() {
+            want.resize(end, 0);
+        }
+        if mode & (PUNCH | ZERO) != 0 {
+            want[start..end].fill(0);
+        }
+        for path in [&f, &g] {
+            let got = std::fs::read(path).unwrap();
+            assert_eq!(got.len(), want.len(), "step {step}: the size {}", path.display());
+            assert!(got == want, "step {step}: the bytes of {}", path.display());
+        }
+    }
+    assert_eq!(fallocate(&file, COLLAPSE, 0, 4096), Err(libc::EOPNOTSUPP));
+    // The other mount writes past the end; a reservation that ends before it cuts nothing.
+    let there = pattern(9, 0, 100);
+    let o = std::fs::OpenOptions::new().write(true).open(&g).unwrap();
+    o.write_all_at(&there, 20_000).unwrap();
+    drop(o);
+    fallocate(&file, 0, 0, 15_000).unwrap();
+    for path in [&f, &g] {
+        let got = std::fs::read(path).unwrap();
+        assert_eq!(got.len(), 20_100, "{}", path.display());
+        assert_eq!(&got[20_000..], &there[..], "{}", path.display());
+    }
+}
+
 #[test]
 fn everyday_operations_behave_like_a_local_filesystem() {
     let dev = Dev::start(3, 3);
@@ -309,6 +372,7 @@ fn everyday_operations_behave_like_a_local_filesystem() {
     attributes(&m);
     let other = Mount::new(&dev, "other");
     set_id_bits(&m, &other.path.join("posix"));
+    preallocation(&m, &other.path.join("posix"));
     drop(other);
     mmap_and_fsync(&m);
     large_file(&m);
