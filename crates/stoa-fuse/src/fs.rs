@@ -8,10 +8,11 @@ use crate::dirs::DirStream;
 use crate::locks::LockBook;
 use crate::names::KernelNames;
 use fuser::{
-    AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -840,6 +841,40 @@ impl Filesystem for StoaFs {
         reply: ReplyIoctl,
     ) {
         reply.error(Errno::ENOTTY);
+    }
+
+    /// `ENOSYS`, without fuser's warning: the kernel then seeks by itself (`SEEK_DATA`
+    /// finds the whole file data, `SEEK_HOLE` its end, as on filesystems that do not
+    /// track holes) and never asks this mount again.
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// `ENOSYS`, without fuser's warning: the kernel then copies through reads and
+    /// writes of this mount (each under its caps) and never asks it again. A copy made
+    /// here could not save those: the chunk servers hold no copy operation.
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::ENOSYS);
     }
 
     /// Reserving space makes the file long enough, punching a hole or zeroing a range
