@@ -82,12 +82,19 @@ def check_read(m, i, off, ln, how="pread"):
         fail("%s %s f%d off=%d len=%d: got %d bytes, expected %d, first diff at +%d" % (how, m, i, off, ln, len(got), len(exp), first))
 
 
+def resize(i, size):
+    """Records file i cut to `size` bytes, or grown to it with zeros."""
+    cur = model[i]
+    if size < len(cur):
+        del cur[size:]
+    else:
+        cur.extend(bytes(size - len(cur)))
+
+
 def put(i, off, data):
     """Records `data` written at `off` of file i, a hole of zeros before it."""
-    cur = model[i]
-    if off > len(cur):
-        cur.extend(b"\0" * (off - len(cur)))
-    cur[off:off + len(data)] = data
+    resize(i, max(off, len(model[i])))
+    model[i][off:off + len(data)] = data
 
 
 def rnd_range(i):
@@ -128,11 +135,7 @@ for n in range(nops):
             os.ftruncate(fd(m, i), ns)
         else:
             os.truncate(path(m, i), ns)
-        cur = model[i]
-        if ns < len(cur):
-            del cur[ns:]
-        else:
-            cur.extend(b"\0" * (ns - len(cur)))
+        resize(i, ns)
     elif r < 0.44:
         off, ln = rnd_range(i)
         mode = rnd.choice([0, KEEP_SIZE, PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE, ZERO_RANGE | KEEP_SIZE])
@@ -143,8 +146,8 @@ for n in range(nops):
         if mode & (PUNCH_HOLE | ZERO_RANGE) and off < len(cur):
             zeroed = min(end, len(cur))
             cur[off:zeroed] = bytes(zeroed - off)
-        if end > len(cur) and not mode & KEEP_SIZE:
-            cur.extend(bytes(end - len(cur)))
+        if not mode & KEEP_SIZE:
+            resize(i, max(end, len(cur)))
     elif r < 0.62:
         off, ln = rnd_range(i)
         how = rnd.choice(["pread", "open"])

@@ -155,14 +155,19 @@ def m_create(parts, data):
     return lambda do: m_create_at(walk(parts), parts[-1], data)(do)
 
 
-def m_append(parts, data):
+def m_rewrite(parts, change):
+    """A file's bytes become change(its bytes)."""
     def run(do):
         ino = follow(parts)
         if inodes[ino]["type"] == DIRECTORY:
             raise Err(errno.EISDIR)
         if do:
-            inodes[ino]["data"] += data
+            inodes[ino]["data"] = change(inodes[ino]["data"])
     return run
+
+
+def m_append(parts, data):
+    return m_rewrite(parts, lambda old: old + data)
 
 
 def m_mkdir(parts):
@@ -234,14 +239,7 @@ def m_rename(src, dst, flags=0):
 
 
 def m_truncate(parts, size):
-    def run(do):
-        ino = follow(parts)
-        if inodes[ino]["type"] == DIRECTORY:
-            raise Err(errno.EISDIR)
-        if do:
-            data = inodes[ino]["data"][:size]
-            inodes[ino]["data"] = data + b"\0" * (size - len(data))
-    return run
+    return m_rewrite(parts, lambda old: old[:size] + b"\0" * (size - len(old[:size])))
 
 
 def in_held(ino, name):
