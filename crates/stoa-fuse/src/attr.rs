@@ -51,9 +51,10 @@ pub fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
-pub fn file_attr(a: &Attr) -> FileAttr {
+/// `a` as the attributes of the kernel's node `node` (its inode number, or an alias).
+pub fn file_attr(a: &Attr, node: u64) -> FileAttr {
     FileAttr {
-        ino: INodeNo(a.ino.0),
+        ino: INodeNo(node),
         size: a.size,
         blocks: a.size.div_ceil(512),
         atime: system_time(a.atime),

@@ -3,11 +3,13 @@
 //! writes land where the client (not the kernel) says the file ends.
 
 use crate::fs::{fail, Kernel};
+use crate::ids::KernelIds;
 use fuser::{FileHandle, INodeNo, ReplyWrite};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use stoa_client::{Client, InodeId, KernelCache};
 
 /// `FUSE_NOTIFY_INC_EPOCH` (protocol 7.44, Linux 6.16): every dentry the kernel cached
@@ -20,6 +22,8 @@ const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
 /// there is nothing cached to drop.
 pub struct Notify {
     kernel: Kernel,
+    /// The kernel's node ids of each inode: each is told.
+    ids: Arc<KernelIds>,
     /// The FUSE device (a duplicate of the session's descriptor), for notifications
     /// fuser does not send.
     dev: OwnedFd,
@@ -31,8 +35,9 @@ pub struct Notify {
 }
 
 impl Notify {
-    pub fn new(kernel: Kernel, dev: OwnedFd) -> Notify {
-        Notify { kernel, dev, epochs: AtomicBool::new(true), probed: AtomicBool::new(false) }
+    pub fn new(kernel: Kernel, ids: Arc<KernelIds>, dev: OwnedFd) -> Notify {
+        let (epochs, probed) = (AtomicBool::new(true), AtomicBool::new(false));
+        Notify { kernel, ids, dev, epochs, probed }
     }
 
     fn inc_epoch(&self) -> std::io::Result<()> {
@@ -83,19 +88,21 @@ impl KernelCache for Notify {
     }
 
     fn inval_inode(&self, ino: InodeId) {
-        if let Some(kernel) = self.kernel.get() {
+        let Some(kernel) = self.kernel.get() else { return };
+        for node in self.ids.nodes(ino) {
             // Offset 0 and length 0: every page, and the attributes.
-            if let Err(e) = kernel.inval_inode(INodeNo(ino.0), 0, 0) {
+            if let Err(e) = kernel.inval_inode(INodeNo(node), 0, 0) {
                 // ENOENT: the kernel has no node for it, so nothing cached either.
-                tracing::debug!("invalidating inode {ino} in the kernel: {e}");
+                tracing::debug!("invalidating node {node:#x} in the kernel: {e}");
             }
         }
     }
 
     fn inval_entry(&self, parent: InodeId, name: &[u8]) {
-        if let Some(kernel) = self.kernel.get() {
-            if let Err(e) = kernel.inval_entry(INodeNo(parent.0), OsStr::from_bytes(name)) {
-                tracing::debug!("invalidating entry {parent}/{:?}: {e}", OsStr::from_bytes(name));
+        let Some(kernel) = self.kernel.get() else { return };
+        for node in self.ids.nodes(parent) {
+            if let Err(e) = kernel.inval_entry(INodeNo(node), OsStr::from_bytes(name)) {
+                tracing::debug!("invalidating entry {node:#x}/{:?}: {e}", OsStr::from_bytes(name));
             }
         }
     }

@@ -5,6 +5,7 @@
 
 use crate::attr::{errno, file_attr, missing_attr, set_time, BLOCK_SIZE_BYTES};
 use crate::dirs::DirStream;
+use crate::ids::KernelIds;
 use crate::locks::LockBook;
 use crate::names::KernelNames;
 use fuser::{
@@ -66,6 +67,7 @@ pub struct StoaFs {
     rt: tokio::runtime::Handle,
     kernel: Kernel,
     names: Arc<KernelNames>,
+    ids: Arc<KernelIds>,
     locks: Arc<LockBook>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_dir: AtomicU64,
@@ -75,11 +77,22 @@ pub struct StoaFs {
 }
 
 impl StoaFs {
-    pub fn new(client: Client, rt: tokio::runtime::Handle, kernel: Kernel) -> StoaFs {
+    pub fn new(
+        client: Client,
+        rt: tokio::runtime::Handle,
+        kernel: Kernel,
+        ids: Arc<KernelIds>,
+    ) -> StoaFs {
         let (dirs, next_dir) = (Mutex::new(HashMap::new()), AtomicU64::new(1));
         let locks = Arc::new(LockBook::default());
         let names = Arc::new(KernelNames::default());
-        StoaFs { client, rt, kernel, names, locks, dirs, next_dir, direct_writes: false }
+        let direct_writes = false;
+        StoaFs { client, rt, kernel, names, ids, locks, dirs, next_dir, direct_writes }
+    }
+
+    /// The inode of the kernel's node `i`.
+    fn ino(&self, i: INodeNo) -> InodeId {
+        self.ids.inode(i.0)
     }
 
     /// Runs `op` with a clone of the client: first right here on fuser's thread, and
@@ -159,10 +172,6 @@ impl std::task::Wake for Later {
             other => *state = other,
         }
     }
-}
-
-fn ino(i: INodeNo) -> InodeId {
-    InodeId(i.0)
 }
 
 fn fh(h: FileHandle) -> stoa_client::FileHandle {
@@ -256,26 +265,31 @@ fn reply_entry(
     reply: ReplyEntry,
     what: &str,
     names: &KernelNames,
-    (parent, name): (INodeNo, &[u8]),
+    (parent, dir, name): (INodeNo, InodeId, &[u8]),
     r: Result<Attr, FsError>,
 ) {
     match r {
         Ok(attr) => {
-            // A new inode: it has no other name.
-            names.give(parent.0, name, &attr);
-            let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
-            reply.entry(&ttl, &file_attr(&attr), Generation(0))
+            // A new inode: it has no other name, and no alias.
+            names.give(parent.0, name, attr.ino.0, &attr);
+            let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));
+            reply.entry(&ttl, &file_attr(&attr, attr.ino.0), Generation(0))
         }
         Err(e) => reply.error(fail(what, &e)),
     }
 }
 
-/// Answers with attributes the kernel may cache for `ttl` (zero without a cap). `pin`
-/// keeps the cap from being recalled until the kernel has them.
-fn reply_attr(reply: ReplyAttr, what: &str, r: Result<(Attr, Duration, Pinned), FsError>) {
+/// Answers with attributes of node `i` the kernel may cache for `ttl` (zero without a
+/// cap). `pin` keeps the cap from being recalled until the kernel has them.
+fn reply_attr(
+    reply: ReplyAttr,
+    i: INodeNo,
+    what: &str,
+    r: Result<(Attr, Duration, Pinned), FsError>,
+) {
     match r {
         Ok((attr, ttl, pin)) => {
-            reply.attr(&ttl, &file_attr(&attr));
+            reply.attr(&ttl, &file_attr(&attr, i.0));
             drop(pin);
         }
         Err(e) => reply.error(fail(what, &e)),
@@ -338,14 +352,29 @@ impl Filesystem for StoaFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (name, names, kernel) = (bytes(name), self.names.clone(), self.kernel.clone());
+        let (dir, ids) = (self.ino(parent), self.ids.clone());
         self.spawn(|c| async move {
             // A lookup waits for one drop of an old name; meeting one again, it answers
             // ESTALE.
             let mut waited = false;
-            let found = loop {
-                let found = c.lookup_cached(ino(parent), &name).await;
-                let Ok((attr, _, _)) = &found else { break found };
-                let Some(old) = names.give(parent.0, &name, attr) else { break found };
+            let (found, node) = loop {
+                let found = c.lookup_cached(dir, &name).await;
+                let Ok((attr, _, _)) = &found else { break (found, 0) };
+                let mut node = ids.node(attr.ino);
+                if !waited && attr.kind == FileKind::Dir && names.stuck(parent.0, &name, node) {
+                    // The kernel asks again for a directory it could not take here: it
+                    // gets it as a new node (see `ids`).
+                    node = ids.alias(attr.ino);
+                    tracing::debug!(
+                        "lookup of {}/{:?}: directory {} is node {node:#x} from now on",
+                        parent.0,
+                        OsStr::from_bytes(&name),
+                        attr.ino
+                    );
+                }
+                let Some(old) = names.give(parent.0, &name, node, attr) else {
+                    break (found, node);
+                };
                 // The kernel may hold this inode under its old name, which another mount
                 // renamed away: it must not see both (see `names`). This client no longer
                 // answers the old name from its cache, and the kernel is told to drop it;
@@ -361,11 +390,10 @@ impl Filesystem for StoaFs {
                     old.0,
                     OsStr::from_bytes(&old.1)
                 );
-                let ino = attr.ino.0;
                 // Lets go of the cap's pin while the kernel drops the name.
                 drop(found);
-                c.forget_cached_name(InodeId(old.0), &old.1);
-                if waited || !drop_old_name(&kernel, &names, old, ino).await {
+                c.forget_cached_name(ids.inode(old.0), &old.1);
+                if waited || !drop_old_name(&kernel, &names, old, node).await {
                     tracing::debug!("the kernel still holds it: ESTALE");
                     return reply.error(Errno::ESTALE);
                 }
@@ -373,14 +401,14 @@ impl Filesystem for StoaFs {
             };
             match found {
                 Ok((attr, ttl, pin)) => {
-                    reply.entry(&ttl, &file_attr(&attr), Generation(0));
+                    reply.entry(&ttl, &file_attr(&attr, node), Generation(0));
                     drop(pin);
                 }
                 Err(FsError::NotFound) => {
                     names.removed(parent.0, &name);
                     // Under the directory's listing the kernel may remember the absence,
                     // and an open(O_CREAT) then needs no lookup first.
-                    match c.missing_entry(ino(parent), &name).await {
+                    match c.missing_entry(dir, &name).await {
                         Some((ttl, pin)) => {
                             reply.entry(&ttl, &missing_attr(), Generation(0));
                             drop(pin);
@@ -396,11 +424,13 @@ impl Filesystem for StoaFs {
     /// fuser's `batch_forget` comes here once per inode.
     fn forget(&self, _req: &Request, i: INodeNo, _nlookup: u64) {
         self.names.forgot(i.0);
+        self.ids.forgot(i.0);
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let inode = self.ino(i);
         self.spawn(|c| async move {
-            reply_attr(reply, "getattr", c.getattr_cached(ino(i)).await);
+            reply_attr(reply, i, "getattr", c.getattr_cached(inode).await);
         });
     }
 
@@ -422,6 +452,7 @@ impl Filesystem for StoaFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let inode = self.ino(i);
         let set = SetAttr {
             perm: mode.map(|m| m & 0o7777),
             uid,
@@ -431,16 +462,17 @@ impl Filesystem for StoaFs {
             mtime: mtime.map(set_time),
         };
         self.spawn(|c| async move {
-            let r = c.setattr(ino(i), set).await;
+            let r = c.setattr(inode, set).await;
             // The answer is this client's own change: as fresh as a cap makes it.
-            let r = r.map(|attr| (attr, c.cache_ttl(ino(i)), Pinned::none()));
-            reply_attr(reply, "setattr", r);
+            let r = r.map(|attr| (attr, c.cache_ttl(inode), Pinned::none()));
+            reply_attr(reply, i, "setattr", r);
         });
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        let inode = self.ino(i);
         self.spawn(|c| async move {
-            match c.readlink(ino(i)).await {
+            match c.readlink(inode).await {
                 Ok(target) => reply.data(&target),
                 Err(e) => reply.error(fail("readlink", &e)),
             }
@@ -457,13 +489,14 @@ impl Filesystem for StoaFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let dir = self.ino(parent);
         let Some(kind) = FileKind::from_mode(mode).filter(|k| *k != FileKind::Dir) else {
             return reply.error(Errno::EINVAL);
         };
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         self.spawn(|c| async move {
-            let r = c.create(ino(parent), &name, kind, perm(mode, umask), owner, rdev).await;
-            reply_entry(&c, reply, "mknod", &names, (parent, &name), r);
+            let r = c.create(dir, &name, kind, perm(mode, umask), owner, rdev).await;
+            reply_entry(&c, reply, "mknod", &names, (parent, dir, &name), r);
         });
     }
 
@@ -476,17 +509,19 @@ impl Filesystem for StoaFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let dir = self.ino(parent);
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         self.spawn(|c| async move {
-            let r = c.mkdir(ino(parent), &name, perm(mode, umask), owner).await;
-            reply_entry(&c, reply, "mkdir", &names, (parent, &name), r);
+            let r = c.mkdir(dir, &name, perm(mode, umask), owner).await;
+            reply_entry(&c, reply, "mkdir", &names, (parent, dir, &name), r);
         });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let dir = self.ino(parent);
         let (name, names) = (bytes(name), self.names.clone());
         self.spawn(|c| async move {
-            let r = c.unlink(ino(parent), &name).await;
+            let r = c.unlink(dir, &name).await;
             if r.is_ok() {
                 names.removed(parent.0, &name);
             }
@@ -495,9 +530,10 @@ impl Filesystem for StoaFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let dir = self.ino(parent);
         let name = bytes(name);
         self.spawn(|c| async move {
-            reply_empty(reply, "rmdir", c.rmdir(ino(parent), &name).await);
+            reply_empty(reply, "rmdir", c.rmdir(dir, &name).await);
         });
     }
 
@@ -509,11 +545,12 @@ impl Filesystem for StoaFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let dir = self.ino(parent);
         let (name, target, owner) = (bytes(link_name), bytes(target.as_os_str()), owner(req));
         let names = self.names.clone();
         self.spawn(|c| async move {
-            let r = c.symlink(ino(parent), &name, &target, owner).await;
-            reply_entry(&c, reply, "symlink", &names, (parent, &name), r);
+            let r = c.symlink(dir, &name, &target, owner).await;
+            reply_entry(&c, reply, "symlink", &names, (parent, dir, &name), r);
         });
     }
 
@@ -527,12 +564,14 @@ impl Filesystem for StoaFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let dir = self.ino(parent);
+        let newdir = self.ino(newparent);
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
         let (name, newname, names) = (bytes(name), bytes(newname), self.names.clone());
         self.spawn(|c| async move {
-            let r = c.rename(ino(parent), &name, ino(newparent), &newname, flags.bits()).await;
+            let r = c.rename(dir, &name, newdir, &newname, flags.bits()).await;
             if r.is_ok() {
                 if flags.contains(RenameFlags::RENAME_EXCHANGE) {
                     // Both names now lead elsewhere: the next lookups record them.
@@ -554,22 +593,28 @@ impl Filesystem for StoaFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let inode = self.ino(i);
+        let newdir = self.ino(newparent);
         let newname = bytes(newname);
         self.spawn(|c| async move {
             // Never cached: the new name is not recorded under the directory's cap.
-            match c.link(ino(i), ino(newparent), &newname).await {
-                Ok(attr) => reply.entry(&Duration::ZERO, &file_attr(&attr), Generation(0)),
+            match c.link(inode, newdir, &newname).await {
+                // A file: it has no alias.
+                Ok(attr) => {
+                    reply.entry(&Duration::ZERO, &file_attr(&attr, attr.ino.0), Generation(0))
+                }
                 Err(e) => reply.error(fail("link", &e)),
             }
         });
     }
 
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let inode = self.ino(i);
         let direct_writes = self.direct_writes;
         self.spawn(move |c| async move {
-            match c.open(ino(i)).await {
+            match c.open(inode).await {
                 Ok(handle) => {
-                    let open = open_flags(&c, ino(i), handle, flags.0, direct_writes);
+                    let open = open_flags(&c, inode, handle, flags.0, direct_writes);
                     reply.opened(FileHandle(handle.0), open);
                 }
                 // The kernel found the inode by a name another mount removed since (with
@@ -616,6 +661,7 @@ impl Filesystem for StoaFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let inode = self.ino(i);
         let data = data.to_vec();
         let drop_setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         // A write-back of the kernel's pages (a shared mapping's) goes where the pages
@@ -629,7 +675,7 @@ impl Filesystem for StoaFs {
         let kernel = self.kernel.clone();
         self.spawn(|c| async move {
             if drop_setid {
-                if let Err(e) = c.drop_setid(ino(i)).await {
+                if let Err(e) = c.drop_setid(inode).await {
                     return reply.error(fail("write", &e));
                 }
             }
@@ -658,12 +704,13 @@ impl Filesystem for StoaFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let inode = self.ino(i);
         // Any close drops the closing process's POSIX locks on the file.
         let mut unlock = self.locks.unlocking(i.0, lock_owner.0);
         self.spawn(|c| async move {
             let flushed = c.flush(fh(h)).await;
             unlock.ready().await;
-            let unlocked = c.release_locks(ino(i), lock_owner.0).await;
+            let unlocked = c.release_locks(inode, lock_owner.0).await;
             drop(unlock);
             reply_empty(reply, "flush", flushed.and(unlocked));
         });
@@ -679,13 +726,14 @@ impl Filesystem for StoaFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let inode = self.ino(i);
         // The last close of an open file drops its flock and OFD locks.
         let unlocks = self.locks.closing(h.0, i.0, lock_owner.map(|o| o.0));
         self.spawn(|c| async move {
             let mut unlocked = Ok(());
             for mut unlock in unlocks {
                 unlock.ready().await;
-                unlocked = unlocked.and(c.release_locks(ino(i), unlock.owner()).await);
+                unlocked = unlocked.and(c.release_locks(inode, unlock.owner()).await);
             }
             reply_empty(reply, "release", c.release(fh(h)).await.and(unlocked));
         });
@@ -703,9 +751,10 @@ impl Filesystem for StoaFs {
         pid: u32,
         reply: ReplyLock,
     ) {
+        let inode = self.ino(i);
         let Some(kind) = crate::locks::kind(typ) else { return reply.error(Errno::EINVAL) };
         let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
-        self.spawn(|c| crate::locks::getlk(c, ino(i), req, reply));
+        self.spawn(|c| crate::locks::getlk(c, inode, req, reply));
     }
 
     fn setlk(
@@ -721,13 +770,14 @@ impl Filesystem for StoaFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        let inode = self.ino(i);
         let Some(kind) = crate::locks::kind(typ) else { return reply.error(Errno::EINVAL) };
         let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
         let takes = kind != stoa_client::LockKind::Unlock;
         let earlier = self.locks.locking(fh_raw.0, i.0, lock_owner.0, takes);
         self.spawn(|c| async move {
             crate::locks::after(earlier).await;
-            crate::locks::setlk(c, ino(i), req, sleep, reply).await
+            crate::locks::setlk(c, inode, req, sleep, reply).await
         });
     }
 
@@ -749,9 +799,10 @@ impl Filesystem for StoaFs {
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let inode = self.ino(i);
         let id = self.next_dir.fetch_add(1, Ordering::Relaxed);
         let seen = self.client.lost_mark();
-        let stream = Arc::new(tokio::sync::Mutex::new(DirStream::new(ino(i), seen)));
+        let stream = Arc::new(tokio::sync::Mutex::new(DirStream::new(inode, seen)));
         self.dirs.lock().expect("dirs lock poisoned").insert(id, stream);
         reply.opened(FileHandle(id), FopenFlags::empty());
     }
@@ -765,6 +816,7 @@ impl Filesystem for StoaFs {
         mut reply: ReplyDirectory,
     ) {
         let Some(stream) = self.dir(h) else { return reply.error(Errno::EBADF) };
+        let ids = self.ids.clone();
         self.spawn(|c| async move {
             let mut stream = stream.lock().await;
             if offset == 0 {
@@ -778,7 +830,8 @@ impl Filesystem for StoaFs {
                     1 => (i, fuser::FileType::Directory, b"..".to_vec()),
                     n => match stream.entry(&c, n - 2).await {
                         Ok(Some(e)) => {
-                            (INodeNo(e.ino.0), crate::attr::file_type(e.kind), e.name.clone())
+                            let node = INodeNo(ids.node(e.ino));
+                            (node, crate::attr::file_type(e.kind), e.name.clone())
                         }
                         Ok(None) => break,
                         Err(e) => return reply.error(fail("readdir", &e)),
@@ -813,13 +866,14 @@ impl Filesystem for StoaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let inode = self.ino(i);
         let Some(stream) = self.dir(h) else { return reply.error(Errno::EBADF) };
         // Namespace changes this client made by itself reach meta (a majority's disks)
         // first; the others were there when they returned. One that never got there
         // (its session expired first) fails the sync.
         self.spawn(|c| async move {
             c.sync_namespace().await;
-            match c.lost_in(ino(i), &mut stream.lock().await.seen_lost) {
+            match c.lost_in(inode, &mut stream.lock().await.seen_lost) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("fsyncdir", &e)),
             }
@@ -937,27 +991,30 @@ impl Filesystem for StoaFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let inode = self.ino(i);
         let (name, value) = (bytes(name), value.to_vec());
         if unsupported_xattr(&name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         self.spawn(|c| async move {
-            let r = c.setxattr(ino(i), &name, &value, flags as u32).await;
+            let r = c.setxattr(inode, &name, &value, flags as u32).await;
             reply_empty(reply, "setxattr", r);
         });
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let inode = self.ino(i);
         let name = bytes(name);
         if unsupported_xattr(&name) {
             return reply.error(Errno::ENODATA);
         }
-        self.spawn(|c| async move { reply_xattr(reply, size, c.getxattr(ino(i), &name).await) });
+        self.spawn(|c| async move { reply_xattr(reply, size, c.getxattr(inode, &name).await) });
     }
 
     fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        let inode = self.ino(i);
         self.spawn(|c| async move {
-            let names = c.listxattr(ino(i)).await.map(|names| {
+            let names = c.listxattr(inode).await.map(|names| {
                 names
                     .into_iter()
                     .flat_map(|mut n| {
@@ -971,9 +1028,10 @@ impl Filesystem for StoaFs {
     }
 
     fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let inode = self.ino(i);
         let name = bytes(name);
         self.spawn(|c| async move {
-            reply_empty(reply, "removexattr", c.removexattr(ino(i), &name).await);
+            reply_empty(reply, "removexattr", c.removexattr(inode, &name).await);
         });
     }
 
@@ -992,25 +1050,26 @@ impl Filesystem for StoaFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let dir = self.ino(parent);
         let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
         let direct_writes = self.direct_writes;
         self.spawn(|c| async move {
             // A regular file is created and opened in one meta call (one log entry).
             let opened = if kind == FileKind::File {
-                c.create_open(ino(parent), &name, perm(mode, umask), owner).await
+                c.create_open(dir, &name, perm(mode, umask), owner).await
             } else {
-                match c.create(ino(parent), &name, kind, perm(mode, umask), owner, 0).await {
+                match c.create(dir, &name, kind, perm(mode, umask), owner, 0).await {
                     Ok(attr) => c.open(attr.ino).await.map(|handle| (attr, handle)),
                     Err(e) => Err(e),
                 }
             };
             match opened {
                 Ok((attr, handle)) => {
-                    names.give(parent.0, &name, &attr);
-                    let (fa, h) = (file_attr(&attr), FileHandle(handle.0));
+                    names.give(parent.0, &name, attr.ino.0, &attr);
+                    let (fa, h) = (file_attr(&attr, attr.ino.0), FileHandle(handle.0));
                     let open = open_flags(&c, attr.ino, handle, flags, direct_writes);
-                    let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(ino(parent)));
+                    let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));
                     reply.created(&ttl, &fa, Generation(0), h, open);
                 }
                 // The kernel sends CREATE only for a name it believes absent (a

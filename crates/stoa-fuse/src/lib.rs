@@ -21,6 +21,7 @@ mod caps;
 mod dirs;
 mod error;
 mod fs;
+mod ids;
 mod locks;
 mod mountpoint;
 mod names;
@@ -32,6 +33,7 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use stoa_client::{Client, ClientConfig};
 
 /// What to mount where.
@@ -64,8 +66,9 @@ pub async fn mount(
         .expect("mount point check panicked")?;
     let client_cfg = ClientConfig { meta: cfg.meta, name: cfg.name, caps_max: cfg.caps_max };
     let client = Client::connect(client_cfg).await.map_err(FuseError::Connect)?;
-    let kernel = fs::Kernel::default();
-    let fs = fs::StoaFs::new(client.clone(), tokio::runtime::Handle::current(), kernel.clone());
+    let (kernel, ids) = (fs::Kernel::default(), Arc::new(ids::KernelIds::default()));
+    let rt = tokio::runtime::Handle::current();
+    let fs = fs::StoaFs::new(client.clone(), rt, kernel.clone(), ids.clone());
     let config = fuse_config();
     let at = path.clone();
     let mut session = tokio::task::spawn_blocking(move || Session::new(fs, &at, &config))
@@ -77,7 +80,7 @@ pub async fn mount(
     let dev = std::os::fd::AsFd::as_fd(&session)
         .try_clone_to_owned()
         .map_err(|source| FuseError::Mount { path: path.clone(), source })?;
-    client.set_kernel_cache(std::sync::Arc::new(caps::Notify::new(kernel.clone(), dev)));
+    client.set_kernel_cache(Arc::new(caps::Notify::new(kernel.clone(), ids, dev)));
     let unmounter = session.unmount_callable();
     let mut run = tokio::task::spawn_blocking(move || session.run());
     tokio::pin!(shutdown);

@@ -37,8 +37,14 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use stoa_client::{Attr, FileKind};
 use tokio::sync::watch;
+
+/// How soon after a lookup met a directory's old name in another directory a second
+/// lookup of the same new name means the kernel could not take the first answer (its
+/// retry of the rename comes at once).
+const STUCK_WITHIN: Duration = Duration::from_secs(1);
 
 /// A name: the directory's inode and the entry's bytes.
 type Name = (u64, Vec<u8>);
@@ -52,6 +58,13 @@ struct Names {
     by_name: HashMap<Name, u64>,
     /// Inodes whose old name the kernel is being told to drop: true once it has.
     dropping: HashMap<u64, watch::Receiver<bool>>,
+    /// The directory each directory node was last given in, kept until the kernel
+    /// forgets the node: a dropped name of a directory open here stays the inode's
+    /// entry, under that directory, while its record above is gone.
+    dir_parents: HashMap<u64, u64>,
+    /// Directories last given in another directory than the one before, with that
+    /// name and when ([`KernelNames::stuck`]).
+    moved_dirs: HashMap<u64, (Name, Instant)>,
 }
 
 impl Names {
@@ -69,14 +82,18 @@ impl Names {
 }
 
 impl KernelNames {
-    /// Records that the kernel gets `attr` under `parent`/`name`. Returns the other name
-    /// the kernel may still hold the same inode under, if it has only one (a file with
-    /// one link, or a directory moved from another directory): the caller must not give
-    /// it this name then, and has the kernel drop the old one ([`KernelNames::dropped`]
-    /// once it has).
-    pub fn give(&self, parent: u64, name: &[u8], attr: &Attr) -> Option<(u64, Vec<u8>)> {
+    /// Records that the kernel gets `attr` as node `ino` under `parent`/`name`. Returns
+    /// the other name the kernel may still hold the same node under, if it has only one
+    /// (a file with one link, or a directory moved from another directory): the caller
+    /// must not give it this name then, and has the kernel drop the old one
+    /// ([`KernelNames::dropped`] once it has).
+    pub fn give(&self, parent: u64, name: &[u8], ino: u64, attr: &Attr) -> Option<Name> {
         let mut n = self.lock();
-        let ino = attr.ino.0;
+        if attr.kind == FileKind::Dir
+            && n.dir_parents.insert(ino, parent).is_some_and(|p| p != parent)
+        {
+            n.moved_dirs.insert(ino, ((parent, name.to_vec()), Instant::now()));
+        }
         if attr.kind != FileKind::Dir && attr.nlink != 1 {
             // A file with several links has several names.
             n.unlink(ino);
@@ -99,6 +116,18 @@ impl KernelNames {
         n.by_name.insert(here.clone(), ino);
         n.by_ino.insert(ino, here);
         None
+    }
+
+    /// Whether the kernel could not take directory node `ino` under `parent`/`name`: the
+    /// node was given that name less than [`STUCK_WITHIN`] ago, in another directory
+    /// than the one it was given in before, and the kernel asks again. It then holds an
+    /// entry of the node under that other directory, dropped but open (`ids.rs`), or a
+    /// rename holds that directory, so the drop cannot end before the rename does. True
+    /// once per move.
+    pub fn stuck(&self, parent: u64, name: &[u8], ino: u64) -> bool {
+        let mut n = self.lock();
+        let Some(((p, known), at)) = n.moved_dirs.remove(&ino) else { return false };
+        p == parent && known == name && at.elapsed() < STUCK_WITHIN
     }
 
     /// The drop of `ino`'s old name: a receiver that turns true once the kernel dropped
@@ -134,6 +163,9 @@ impl KernelNames {
         let to = (to.0, to.1.to_vec());
         n.unname(&to);
         if let Some(ino) = n.unname(&(from.0, from.1.to_vec())) {
+            if let Some(parent) = n.dir_parents.get_mut(&ino) {
+                *parent = to.0;
+            }
             n.by_name.insert(to.clone(), ino);
             n.by_ino.insert(ino, to);
         }
@@ -147,7 +179,10 @@ impl KernelNames {
 
     /// The kernel forgot `ino` (FORGET): it holds no name of it any more.
     pub fn forgot(&self, ino: u64) {
-        self.lock().unlink(ino);
+        let mut n = self.lock();
+        n.unlink(ino);
+        n.dir_parents.remove(&ino);
+        n.moved_dirs.remove(&ino);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Names> {
@@ -159,6 +194,11 @@ impl KernelNames {
 mod tests {
     use super::*;
     use stoa_types::{InodeId, Timestamp};
+
+    /// Gives `attr` to the kernel as its own inode number.
+    fn give(names: &KernelNames, parent: u64, name: &[u8], attr: &Attr) -> Option<Name> {
+        names.give(parent, name, attr.ino.0, attr)
+    }
 
     fn attr(ino: u64, kind: FileKind, nlink: u32) -> Attr {
         let t = Timestamp::default();
@@ -182,55 +222,86 @@ mod tests {
     fn a_file_found_under_a_second_name_is_caught_once() {
         let names = KernelNames::default();
         let x = attr(7, FileKind::File, 1);
-        assert_eq!(names.give(1, b"a", &x), None);
-        assert_eq!(names.give(1, b"a", &x), None, "the same name again");
+        assert_eq!(give(&names, 1, b"a", &x), None);
+        assert_eq!(give(&names, 1, b"a", &x), None, "the same name again");
         // Another mount renamed a to b: the kernel may still hold a, until it drops it.
-        assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())));
-        assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())), "still held");
+        assert_eq!(give(&names, 1, b"b", &x), Some((1, b"a".to_vec())));
+        assert_eq!(give(&names, 1, b"b", &x), Some((1, b"a".to_vec())), "still held");
         let (mut done, tx) = names.drop_of(7);
         let tx = tx.expect("the first drop is made by its caller");
         assert!(names.drop_of(7).1.is_none(), "one drop of a name at a time");
         names.dropped(1, b"a", 8, watch::channel(false).0);
-        assert_eq!(names.give(1, b"b", &x), Some((1, b"a".to_vec())), "another file's drop");
+        assert_eq!(give(&names, 1, b"b", &x), Some((1, b"a".to_vec())), "another file's drop");
         assert!(!*done.borrow_and_update());
         names.dropped(1, b"a", 7, tx);
         assert!(*done.borrow_and_update(), "the waiters learn of the drop");
         assert!(names.drop_of(7).1.is_some(), "a later conflict makes a new drop");
-        assert_eq!(names.give(1, b"b", &x), None, "dropped: the new name is given");
+        assert_eq!(give(&names, 1, b"b", &x), None, "dropped: the new name is given");
         // Another file now under a: no conflict, and b's record is untouched.
-        assert_eq!(names.give(1, b"a", &attr(8, FileKind::File, 1)), None);
-        assert_eq!(names.give(1, b"b", &x), None);
+        assert_eq!(give(&names, 1, b"a", &attr(8, FileKind::File, 1)), None);
+        assert_eq!(give(&names, 1, b"b", &x), None);
         // A lookup of a that finds nothing ends it as well.
         names.removed(1, b"a");
-        names.give(1, b"c", &attr(8, FileKind::File, 1));
-        assert_eq!(names.give(1, b"c", &attr(8, FileKind::File, 1)), None);
+        give(&names, 1, b"c", &attr(8, FileKind::File, 1));
+        assert_eq!(give(&names, 1, b"c", &attr(8, FileKind::File, 1)), None);
     }
 
     #[test]
     fn own_renames_removals_forgets_and_links_raise_nothing() {
         let names = KernelNames::default();
         let x = attr(7, FileKind::File, 1);
-        names.give(1, b"a", &x);
+        give(&names, 1, b"a", &x);
         names.moved((1, b"a"), (2, b"b"));
-        assert_eq!(names.give(2, b"b", &x), None, "moved by this mount");
+        assert_eq!(give(&names, 2, b"b", &x), None, "moved by this mount");
         names.removed(2, b"b");
-        assert_eq!(names.give(3, b"c", &x), None, "removed here");
+        assert_eq!(give(&names, 3, b"c", &x), None, "removed here");
         names.forgot(7);
-        assert_eq!(names.give(1, b"d", &x), None, "forgotten by the kernel");
+        assert_eq!(give(&names, 1, b"d", &x), None, "forgotten by the kernel");
         let linked = attr(7, FileKind::File, 2);
-        assert_eq!(names.give(1, b"e", &linked), None, "two links, two names");
-        assert_eq!(names.give(1, b"f", &x), None, "nothing recorded while linked");
+        assert_eq!(give(&names, 1, b"e", &linked), None, "two links, two names");
+        assert_eq!(give(&names, 1, b"f", &x), None, "nothing recorded while linked");
     }
 
     #[test]
     fn a_directory_found_in_another_directory_is_caught_with_any_link_count() {
         let names = KernelNames::default();
         let dir = attr(9, FileKind::Dir, 3);
-        assert_eq!(names.give(1, b"g", &dir), None);
-        assert_eq!(names.give(2, b"h", &dir), Some((1, b"g".to_vec())), "moved elsewhere");
+        assert_eq!(give(&names, 1, b"g", &dir), None);
+        assert_eq!(give(&names, 2, b"h", &dir), Some((1, b"g".to_vec())), "moved elsewhere");
         names.moved((1, b"g"), (2, b"h"));
-        assert_eq!(names.give(2, b"h", &dir), None, "moved by this mount");
-        assert_eq!(names.give(2, b"i", &dir), None, "renamed in its directory");
-        assert_eq!(names.give(1, b"g", &dir), Some((2, b"i".to_vec())), "the new name moved");
+        assert_eq!(give(&names, 2, b"h", &dir), None, "moved by this mount");
+        assert_eq!(give(&names, 2, b"i", &dir), None, "renamed in its directory");
+        assert_eq!(give(&names, 1, b"g", &dir), Some((2, b"i".to_vec())), "the new name moved");
+    }
+
+    #[test]
+    fn a_directory_looked_up_again_at_once_after_it_moved_across_directories_is_stuck() {
+        let names = KernelNames::default();
+        let dir = attr(9, FileKind::Dir, 2);
+        give(&names, 1, b"g", &dir);
+        assert!(!names.stuck(1, b"g", 9), "not moved");
+        assert_eq!(give(&names, 2, b"h", &dir), Some((1, b"g".to_vec())), "moved elsewhere");
+        assert!(!names.stuck(3, b"h", 9), "another name");
+        assert!(!names.stuck(2, b"h", 9), "once per move");
+        give(&names, 3, b"h", &dir);
+        assert!(names.stuck(3, b"h", 9), "asked again for the same name");
+        // The old name's record is gone (a lookup there found nothing), but the kernel
+        // may still hold the entry: the move is seen all the same.
+        names.removed(1, b"g");
+        assert_eq!(give(&names, 4, b"k", &dir), None);
+        assert!(names.stuck(4, b"k", 9));
+        // Renamed by this mount: the kernel moved the entry itself.
+        names.moved((4, b"k"), (5, b"k"));
+        assert_eq!(give(&names, 5, b"k", &dir), None);
+        assert!(!names.stuck(5, b"k", 9));
+        let file = attr(7, FileKind::File, 1);
+        give(&names, 1, b"a", &file);
+        give(&names, 2, b"b", &file);
+        assert!(!names.stuck(2, b"b", 7), "files are never stuck");
+        give(&names, 6, b"k", &dir);
+        names.forgot(9);
+        assert!(!names.stuck(6, b"k", 9), "forgotten by the kernel");
+        assert_eq!(give(&names, 7, b"k", &dir), None);
+        assert!(!names.stuck(7, b"k", 9), "nothing before, once forgotten");
     }
 }
