@@ -401,6 +401,7 @@ impl Filesystem for StoaFs {
             };
             match found {
                 Ok((attr, ttl, pin)) => {
+                    ids.given(node, attr.ino);
                     reply.entry(&ttl, &file_attr(&attr, node), Generation(0));
                     drop(pin);
                 }
@@ -422,9 +423,9 @@ impl Filesystem for StoaFs {
     }
 
     /// fuser's `batch_forget` comes here once per inode.
-    fn forget(&self, _req: &Request, i: INodeNo, _nlookup: u64) {
+    fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
         self.names.forgot(i.0);
-        self.ids.forgot(i.0);
+        self.ids.forgot(i.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -13,6 +13,12 @@
 //! directory inode with no entry yet, so the new name always takes. The alias lives
 //! until the kernel forgets it; the old node id keeps serving what holds it.
 //!
+//! An alias lives as long as the kernel's count of it: each answer that gives it counts
+//! one, and a FORGET takes away what it says. Dropping it at any FORGET lost an alias
+//! the kernel had been given again meanwhile (its old inode was evicted as a new answer
+//! went out): its requests then named no inode, and a listing of the directory came back
+//! empty, a `chmod` or an xattr call `ENOENT` (`nsx.py` seeds 51 and 92).
+//!
 //! An alias is the one thing that differs from a local disk: the directory's `st_ino`
 //! on this mount is the alias from then on (fuser answers a node id as the inode
 //! number), while other mounts see its own.
@@ -37,8 +43,9 @@ pub struct KernelIds {
 #[derive(Default)]
 struct Aliases {
     next: u64,
-    /// Alias to inode.
-    inode: HashMap<u64, u64>,
+    /// Alias to its inode, and how many times the kernel was given it and has not
+    /// forgotten.
+    inode: HashMap<u64, (u64, u64)>,
     /// Inode to its aliases, the newest last: new names get that one.
     aliases: HashMap<u64, Vec<u64>>,
 }
@@ -50,7 +57,7 @@ impl KernelIds {
         if id & ALIAS == 0 {
             return InodeId(id);
         }
-        InodeId(self.lock().inode.get(&id).copied().unwrap_or(id))
+        InodeId(self.lock().inode.get(&id).map_or(id, |(ino, _)| *ino))
     }
 
     /// The node id the kernel gets for `ino` under a new name.
@@ -71,24 +78,48 @@ impl KernelIds {
         all
     }
 
-    /// Gives `ino` a new alias, which [`KernelIds::node`] answers from now on.
+    /// Gives `ino` a new alias, which [`KernelIds::node`] answers from now on. The
+    /// kernel holds it once given ([`KernelIds::given`]).
     pub fn alias(&self, ino: InodeId) -> u64 {
         let mut map = self.lock();
         map.next += 1;
         let id = ALIAS | map.next;
-        map.inode.insert(id, ino.0);
+        map.inode.insert(id, (ino.0, 0));
         map.aliases.entry(ino.0).or_default().push(id);
         self.any.store(true, Ordering::Release);
         id
     }
 
-    /// The kernel forgot node `id`.
-    pub fn forgot(&self, id: u64) {
+    /// Node `id` of `ino` goes to the kernel in an answer that it counts (a lookup's):
+    /// an alias is kept until the kernel forgets it, made again if it was forgotten
+    /// since it was picked.
+    pub fn given(&self, id: u64, ino: InodeId) {
         if id & ALIAS == 0 {
             return;
         }
         let mut map = self.lock();
-        let Some(ino) = map.inode.remove(&id) else { return };
+        let map = &mut *map;
+        let (_, count) = map.inode.entry(id).or_insert_with(|| {
+            map.aliases.entry(ino.0).or_default().push(id);
+            (ino.0, 0)
+        });
+        *count += 1;
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// The kernel forgot `count` of the times it was given node `id`.
+    pub fn forgot(&self, id: u64, count: u64) {
+        if id & ALIAS == 0 {
+            return;
+        }
+        let mut map = self.lock();
+        let Some((ino, held)) = map.inode.get_mut(&id) else { return };
+        *held = held.saturating_sub(count);
+        if *held > 0 {
+            return;
+        }
+        let ino = *ino;
+        map.inode.remove(&id);
         if let Some(aliases) = map.aliases.get_mut(&ino) {
             aliases.retain(|a| *a != id);
             if aliases.is_empty() {
@@ -114,21 +145,40 @@ mod tests {
         assert_eq!(ids.inode(5), InodeId(5));
         assert_eq!(ids.nodes(InodeId(5)), vec![5]);
         let a = ids.alias(InodeId(5));
+        ids.given(a, InodeId(5));
         assert_ne!(a, 5);
         assert_eq!(ids.inode(a), InodeId(5));
         assert_eq!(ids.node(InodeId(5)), a, "new names get the alias");
         assert_eq!(ids.node(InodeId(6)), 6, "other inodes keep their number");
         let b = ids.alias(InodeId(5));
+        ids.given(b, InodeId(5));
         assert_eq!(ids.node(InodeId(5)), b, "the newest alias");
         assert_eq!(ids.nodes(InodeId(5)), vec![5, a, b]);
-        ids.forgot(b);
+        ids.forgot(b, 1);
         assert_eq!(ids.node(InodeId(5)), a, "back to the alias still held");
-        ids.forgot(5);
+        ids.forgot(5, 1);
         assert_eq!(ids.nodes(InodeId(5)), vec![5, a], "the number is not an alias");
-        ids.forgot(a);
+        ids.given(a, InodeId(5));
+        ids.forgot(a, 1);
+        assert_eq!(ids.inode(a), InodeId(5), "given twice, forgotten once");
+        ids.forgot(a, 1);
         assert_eq!(ids.node(InodeId(5)), 5);
         assert_eq!(ids.nodes(InodeId(5)), vec![5]);
         assert!(!ids.any.load(Ordering::Acquire), "no alias left");
         assert_ne!(ids.inode(a), InodeId(5), "a forgotten alias names no inode");
+    }
+
+    #[test]
+    fn an_alias_forgotten_as_it_was_given_again_is_made_again() {
+        let ids = KernelIds::default();
+        let a = ids.alias(InodeId(5));
+        ids.given(a, InodeId(5));
+        // A lookup picks the alias; the kernel's FORGET of its old inode comes first.
+        let picked = ids.node(InodeId(5));
+        ids.forgot(a, 1);
+        ids.given(picked, InodeId(5));
+        assert_eq!(ids.inode(picked), InodeId(5), "the kernel's new inode is served");
+        assert_eq!(ids.node(InodeId(5)), picked);
+        assert_eq!(ids.nodes(InodeId(5)), vec![5, picked]);
     }
 }

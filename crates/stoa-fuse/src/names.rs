@@ -24,7 +24,9 @@
 //! seed 40; 20 of 20 in `caps.rs`). An old name in the same directory the kernel moves
 //! taking no lock, so it is left to it: holding those to the rule too made lookups there
 //! answer `ESTALE`, and mkdir, link and rename, whose retry takes the directory again
-//! before the drop can, failed with it (11 of 40 model-check seeds).
+//! before the drop can, failed with it (11 of 40 model-check seeds). A dropped entry of
+//! a directory that is held open stays the kernel inode's all the same: the kernel's
+//! retry then gets the directory as another node ([`KernelNames::stuck`], `ids.rs`).
 //!
 //! A lookup that meets the old name waits a little for the kernel to drop it, and then
 //! answers (`fs.rs`): once the kernel dropped the old name, no rename holds it (a rename
