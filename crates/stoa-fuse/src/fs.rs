@@ -257,6 +257,23 @@ async fn drop_old_name(
     matches!(dropped, Ok(Ok(_)))
 }
 
+/// Whether thread `tid`, which sent a request, is in a rename: Linux shows the call a
+/// thread is blocked in at `/proc/TID/syscall`. Not known (the thread is not in this
+/// mount's PID namespace, or the mount may not look, as when not run by root) counts as
+/// a rename.
+fn renaming(tid: u32) -> bool {
+    let Ok(call) = std::fs::read_to_string(format!("/proc/{tid}/syscall")) else { return true };
+    let Some(nr) = call.split_whitespace().next().and_then(|n| n.parse::<libc::c_long>().ok())
+    else {
+        return true;
+    };
+    #[cfg(target_arch = "x86_64")]
+    if nr == libc::SYS_rename {
+        return true;
+    }
+    nr == libc::SYS_renameat || nr == libc::SYS_renameat2
+}
+
 /// Answers with a new entry. The kernel may cache it only when this client made it
 /// itself, under exclusive caps on the directory and the new inode (which a recall
 /// drops); otherwise its next lookup asks, and gets a cap.
@@ -350,16 +367,24 @@ impl Filesystem for StoaFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (name, names, kernel) = (bytes(name), self.names.clone(), self.kernel.clone());
-        let (dir, ids) = (self.ino(parent), self.ids.clone());
+        let (dir, ids, caller) = (self.ino(parent), self.ids.clone(), req.pid());
         self.spawn(|c| async move {
             // A lookup waits for one drop of an old name; meeting one again, it answers
             // ESTALE.
             let mut waited = false;
+            // A file whose old name the kernel keeps until this caller lets go of the
+            // directory, given all the same.
+            let mut unrecorded = None;
             let (found, node) = loop {
                 let found = c.lookup_cached(dir, &name).await;
                 let Ok((attr, _, _)) = &found else { break (found, 0) };
+                if unrecorded == Some(attr.ino) {
+                    // A file: its node is its number.
+                    let node = attr.ino.0;
+                    break (found, node);
+                }
                 let mut node = ids.node(attr.ino);
                 if !waited && attr.kind == FileKind::Dir && names.stuck(parent.0, &name, node) {
                     // The kernel asks again for a directory it could not take here: it
@@ -391,11 +416,22 @@ impl Filesystem for StoaFs {
                     OsStr::from_bytes(&old.1)
                 );
                 // Lets go of the cap's pin while the kernel drops the name.
+                let (ino, kind) = (attr.ino, attr.kind);
                 drop(found);
                 c.forget_cached_name(ids.inode(old.0), &old.1);
-                if waited || !drop_old_name(&kernel, &names, old, node).await {
+                if waited {
                     tracing::debug!("the kernel still holds it: ESTALE");
                     return reply.error(Errno::ESTALE);
+                }
+                if !drop_old_name(&kernel, &names, old, node).await {
+                    // The drop waits for the directory, which the caller holds: for a
+                    // file, only a rename must not see both names.
+                    if kind == FileKind::Dir || renaming(caller) {
+                        tracing::debug!("the kernel still holds it: ESTALE");
+                        return reply.error(Errno::ESTALE);
+                    }
+                    tracing::debug!("the caller holds the old name's directory, not renaming");
+                    unrecorded = Some(ino);
                 }
                 waited = true;
             };
@@ -1104,6 +1140,14 @@ mod tests {
     /// Waits at most 5 s for `done` to say the task finished, and how many times.
     fn finished(done: &mpsc::Receiver<usize>) -> usize {
         done.recv_timeout(Duration::from_secs(5)).expect("the task never finished")
+    }
+
+    #[test]
+    fn a_caller_is_renaming_only_when_linux_says_so() {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u32;
+        assert!(!renaming(me), "this thread is reading a file");
+        assert!(renaming(u32::MAX), "a thread the mount cannot see counts as renaming");
     }
 
     #[test]

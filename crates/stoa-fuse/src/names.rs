@@ -36,6 +36,14 @@
 //! already on its way. Before, that second lookup could come before the drop ended and
 //! fail the process's `stat` or `open` with `ESTALE` (the model check: 3 in 260,000
 //! operations; two mounts replacing and reading one name: 5 in 4,928 reads).
+//!
+//! For a file, only a rename must never see both names: it alone answers success for two
+//! names of one inode without asking. So when the drop does not end in time and the
+//! caller is not in a rename (`fs.rs` `renaming`), the file is given all the same, with
+//! no record, and the kernel holds both names until the caller lets go of the directory
+//! and the drop runs. An unlink, link, create or walk whose caller held the directory
+//! failed with `ESTALE` before: its retry took the directory again before the drop could
+//! (two mounts churning five names: 33 in 30,560 operations before, 1 in 37,768 after).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
