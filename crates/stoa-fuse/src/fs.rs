@@ -281,7 +281,7 @@ fn reply_entry(
     c: &Client,
     reply: ReplyEntry,
     what: &str,
-    names: &KernelNames,
+    (names, ids): (&KernelNames, &KernelIds),
     (parent, dir, name): (INodeNo, InodeId, &[u8]),
     r: Result<Attr, FsError>,
 ) {
@@ -289,6 +289,7 @@ fn reply_entry(
         Ok(attr) => {
             // A new inode: it has no other name, and no alias.
             names.give(parent.0, name, attr.ino.0, &attr);
+            ids.given(attr.ino.0, attr.ino);
             let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));
             reply.entry(&ttl, &file_attr(&attr, attr.ino.0), Generation(0))
         }
@@ -374,22 +375,32 @@ impl Filesystem for StoaFs {
             // A lookup waits for one drop of an old name; meeting one again, it answers
             // ESTALE.
             let mut waited = false;
-            // A file whose old name the kernel keeps until this caller lets go of the
-            // directory, given all the same.
-            let mut unrecorded = None;
+            // An inode whose old name the kernel keeps until this caller lets go of the
+            // directory, given all the same: a file unrecorded, a directory as a new node.
+            let mut despite_old_name = None;
             let (found, node) = loop {
                 let found = c.lookup_cached(dir, &name).await;
                 let Ok((attr, _, _)) = &found else { break (found, 0) };
-                if unrecorded == Some(attr.ino) {
+                let is_dir = attr.kind == FileKind::Dir;
+                if despite_old_name == Some(attr.ino) && !is_dir {
                     // A file: its node is its number.
                     let node = attr.ino.0;
                     break (found, node);
                 }
-                let mut node = ids.node(attr.ino);
-                if !waited && attr.kind == FileKind::Dir && names.stuck(parent.0, &name, node) {
-                    // The kernel asks again for a directory it could not take here: it
-                    // gets it as a new node (see `ids`).
-                    node = ids.alias(attr.ino);
+                // The node the kernel has under this name, if it is this inode's: a
+                // revalidation given another would drop the kernel's entry, and a rename
+                // that walked through it would no longer see it as the same directory.
+                // Else the inode's newest node.
+                let held = names.node_at(parent.0, &name).filter(|n| ids.inode(*n) == attr.ino);
+                let mut node = held.unwrap_or_else(|| ids.node(attr.ino));
+                // A directory the kernel holds in another directory cannot take this
+                // name inside a rename, nor while its old name waits for the caller to
+                // let go: it gets a new node (caps.md invariant 32).
+                if is_dir
+                    && (despite_old_name == Some(attr.ino)
+                        || names.moved_dir(parent.0, node) && renaming(caller))
+                {
+                    node = ids.alias();
                     tracing::debug!(
                         "lookup of {}/{:?}: directory {} is node {node:#x} from now on",
                         parent.0,
@@ -416,7 +427,7 @@ impl Filesystem for StoaFs {
                     OsStr::from_bytes(&old.1)
                 );
                 // Lets go of the cap's pin while the kernel drops the name.
-                let (ino, kind) = (attr.ino, attr.kind);
+                let ino = attr.ino;
                 drop(found);
                 c.forget_cached_name(ids.inode(old.0), &old.1);
                 if waited {
@@ -426,12 +437,12 @@ impl Filesystem for StoaFs {
                 if !drop_old_name(&kernel, &names, old, node).await {
                     // The drop waits for the directory, which the caller holds: for a
                     // file, only a rename must not see both names.
-                    if kind == FileKind::Dir || renaming(caller) {
+                    if !is_dir && renaming(caller) {
                         tracing::debug!("the kernel still holds it: ESTALE");
                         return reply.error(Errno::ESTALE);
                     }
-                    tracing::debug!("the caller holds the old name's directory, not renaming");
-                    unrecorded = Some(ino);
+                    tracing::debug!("the caller holds the old name's directory");
+                    despite_old_name = Some(ino);
                 }
                 waited = true;
             };
@@ -460,8 +471,9 @@ impl Filesystem for StoaFs {
 
     /// fuser's `batch_forget` comes here once per inode.
     fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
-        self.names.forgot(i.0);
-        self.ids.forgot(i.0, nlookup);
+        if self.ids.forgot(i.0, nlookup) {
+            self.names.forgot(i.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -531,9 +543,10 @@ impl Filesystem for StoaFs {
             return reply.error(Errno::EINVAL);
         };
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
+        let ids = self.ids.clone();
         self.spawn(|c| async move {
             let r = c.create(dir, &name, kind, perm(mode, umask), owner, rdev).await;
-            reply_entry(&c, reply, "mknod", &names, (parent, dir, &name), r);
+            reply_entry(&c, reply, "mknod", (&names, &ids), (parent, dir, &name), r);
         });
     }
 
@@ -548,9 +561,10 @@ impl Filesystem for StoaFs {
     ) {
         let dir = self.ino(parent);
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
+        let ids = self.ids.clone();
         self.spawn(|c| async move {
             let r = c.mkdir(dir, &name, perm(mode, umask), owner).await;
-            reply_entry(&c, reply, "mkdir", &names, (parent, dir, &name), r);
+            reply_entry(&c, reply, "mkdir", (&names, &ids), (parent, dir, &name), r);
         });
     }
 
@@ -584,10 +598,10 @@ impl Filesystem for StoaFs {
     ) {
         let dir = self.ino(parent);
         let (name, target, owner) = (bytes(link_name), bytes(target.as_os_str()), owner(req));
-        let names = self.names.clone();
+        let (names, ids) = (self.names.clone(), self.ids.clone());
         self.spawn(|c| async move {
             let r = c.symlink(dir, &name, &target, owner).await;
-            reply_entry(&c, reply, "symlink", &names, (parent, dir, &name), r);
+            reply_entry(&c, reply, "symlink", (&names, &ids), (parent, dir, &name), r);
         });
     }
 
@@ -632,12 +646,13 @@ impl Filesystem for StoaFs {
     ) {
         let inode = self.ino(i);
         let newdir = self.ino(newparent);
-        let newname = bytes(newname);
+        let (newname, ids) = (bytes(newname), self.ids.clone());
         self.spawn(|c| async move {
             // Never cached: the new name is not recorded under the directory's cap.
             match c.link(inode, newdir, &newname).await {
                 // A file: it has no alias.
                 Ok(attr) => {
+                    ids.given(attr.ino.0, attr.ino);
                     reply.entry(&Duration::ZERO, &file_attr(&attr, attr.ino.0), Generation(0))
                 }
                 Err(e) => reply.error(fail("link", &e)),
@@ -1090,7 +1105,7 @@ impl Filesystem for StoaFs {
         let dir = self.ino(parent);
         let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
-        let direct_writes = self.direct_writes;
+        let (ids, direct_writes) = (self.ids.clone(), self.direct_writes);
         self.spawn(|c| async move {
             // A regular file is created and opened in one meta call (one log entry).
             let opened = if kind == FileKind::File {
@@ -1104,6 +1119,7 @@ impl Filesystem for StoaFs {
             match opened {
                 Ok((attr, handle)) => {
                     names.give(parent.0, &name, attr.ino.0, &attr);
+                    ids.given(attr.ino.0, attr.ino);
                     let (fa, h) = (file_attr(&attr, attr.ino.0), FileHandle(handle.0));
                     let open = open_flags(&c, attr.ino, handle, flags, direct_writes);
                     let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));

@@ -25,8 +25,9 @@
 //! taking no lock, so it is left to it: holding those to the rule too made lookups there
 //! answer `ESTALE`, and mkdir, link and rename, whose retry takes the directory again
 //! before the drop can, failed with it (11 of 40 model-check seeds). A dropped entry of
-//! a directory that is held open stays the kernel inode's all the same: the kernel's
-//! retry then gets the directory as another node ([`KernelNames::stuck`], `ids.rs`).
+//! a directory that is held open stays the kernel inode's all the same, and a rename
+//! across directories cannot move it: a rename meeting a directory moved from another
+//! directory gets it as another node ([`KernelNames::moved_dir`], `ids.rs`).
 //!
 //! A lookup that meets the old name waits a little for the kernel to drop it, and then
 //! answers (`fs.rs`): once the kernel dropped the old name, no rename holds it (a rename
@@ -47,14 +48,8 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 use stoa_client::{Attr, FileKind};
 use tokio::sync::watch;
-
-/// How soon after a lookup met a directory's old name in another directory a second
-/// lookup of the same new name means the kernel could not take the first answer (its
-/// retry of the rename comes at once).
-const STUCK_WITHIN: Duration = Duration::from_secs(1);
 
 /// A name: the directory's inode and the entry's bytes.
 type Name = (u64, Vec<u8>);
@@ -72,9 +67,6 @@ struct Names {
     /// forgets the node: a dropped name of a directory open here stays the inode's
     /// entry, under that directory, while its record above is gone.
     dir_parents: HashMap<u64, u64>,
-    /// Directories last given in another directory than the one before, with that
-    /// name and when ([`KernelNames::stuck`]).
-    moved_dirs: HashMap<u64, (Name, Instant)>,
 }
 
 impl Names {
@@ -99,10 +91,8 @@ impl KernelNames {
     /// ([`KernelNames::dropped`] once it has).
     pub fn give(&self, parent: u64, name: &[u8], ino: u64, attr: &Attr) -> Option<Name> {
         let mut n = self.lock();
-        if attr.kind == FileKind::Dir
-            && n.dir_parents.insert(ino, parent).is_some_and(|p| p != parent)
-        {
-            n.moved_dirs.insert(ino, ((parent, name.to_vec()), Instant::now()));
+        if attr.kind == FileKind::Dir {
+            n.dir_parents.insert(ino, parent);
         }
         if attr.kind != FileKind::Dir && attr.nlink != 1 {
             // A file with several links has several names.
@@ -128,16 +118,16 @@ impl KernelNames {
         None
     }
 
-    /// Whether the kernel could not take directory node `ino` under `parent`/`name`: the
-    /// node was given that name less than [`STUCK_WITHIN`] ago, in another directory
-    /// than the one it was given in before, and the kernel asks again. It then holds an
-    /// entry of the node under that other directory, dropped but open (`ids.rs`), or a
-    /// rename holds that directory, so the drop cannot end before the rename does. True
-    /// once per move.
-    pub fn stuck(&self, parent: u64, name: &[u8], ino: u64) -> bool {
-        let mut n = self.lock();
-        let Some(((p, known), at)) = n.moved_dirs.remove(&ino) else { return false };
-        p == parent && known == name && at.elapsed() < STUCK_WITHIN
+    /// The node the kernel was last given under `parent`/`name`, if recorded.
+    pub fn node_at(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.lock().by_name.get(&(parent, name.to_vec())).copied()
+    }
+
+    /// Whether the kernel may hold directory node `ino` under another directory than
+    /// `parent`: it was last given there, and its entry there, dropped or not, is the
+    /// node's until the kernel forgets it.
+    pub fn moved_dir(&self, parent: u64, ino: u64) -> bool {
+        self.lock().dir_parents.get(&ino).is_some_and(|p| *p != parent)
     }
 
     /// The drop of `ino`'s old name: a receiver that turns true once the kernel dropped
@@ -192,7 +182,6 @@ impl KernelNames {
         let mut n = self.lock();
         n.unlink(ino);
         n.dir_parents.remove(&ino);
-        n.moved_dirs.remove(&ino);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Names> {
@@ -285,33 +274,26 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_looked_up_again_at_once_after_it_moved_across_directories_is_stuck() {
+    fn a_directory_given_in_another_directory_is_seen_moved_until_forgotten() {
         let names = KernelNames::default();
         let dir = attr(9, FileKind::Dir, 2);
+        assert!(!names.moved_dir(1, 9), "never given");
         give(&names, 1, b"g", &dir);
-        assert!(!names.stuck(1, b"g", 9), "not moved");
-        assert_eq!(give(&names, 2, b"h", &dir), Some((1, b"g".to_vec())), "moved elsewhere");
-        assert!(!names.stuck(3, b"h", 9), "another name");
-        assert!(!names.stuck(2, b"h", 9), "once per move");
-        give(&names, 3, b"h", &dir);
-        assert!(names.stuck(3, b"h", 9), "asked again for the same name");
+        assert_eq!(names.node_at(1, b"g"), Some(9));
+        assert_eq!(names.node_at(1, b"x"), None);
+        assert!(!names.moved_dir(1, 9));
+        assert!(names.moved_dir(2, 9), "moved elsewhere");
         // The old name's record is gone (a lookup there found nothing), but the kernel
         // may still hold the entry: the move is seen all the same.
         names.removed(1, b"g");
-        assert_eq!(give(&names, 4, b"k", &dir), None);
-        assert!(names.stuck(4, b"k", 9));
+        assert!(names.moved_dir(2, 9));
+        give(&names, 2, b"h", &dir);
+        assert!(!names.moved_dir(2, 9), "given there");
         // Renamed by this mount: the kernel moved the entry itself.
-        names.moved((4, b"k"), (5, b"k"));
-        assert_eq!(give(&names, 5, b"k", &dir), None);
-        assert!(!names.stuck(5, b"k", 9));
-        let file = attr(7, FileKind::File, 1);
-        give(&names, 1, b"a", &file);
-        give(&names, 2, b"b", &file);
-        assert!(!names.stuck(2, b"b", 7), "files are never stuck");
-        give(&names, 6, b"k", &dir);
+        names.moved((2, b"h"), (3, b"k"));
+        assert!(!names.moved_dir(3, 9));
+        assert!(!names.moved_dir(1, attr(7, FileKind::File, 1).ino.0), "files are not");
         names.forgot(9);
-        assert!(!names.stuck(6, b"k", 9), "forgotten by the kernel");
-        assert_eq!(give(&names, 7, b"k", &dir), None);
-        assert!(!names.stuck(7, b"k", 9), "nothing before, once forgotten");
+        assert!(!names.moved_dir(4, 9), "forgotten by the kernel");
     }
 }
