@@ -9,11 +9,11 @@ use crate::ids::KernelIds;
 use crate::locks::LockBook;
 use crate::names::KernelNames;
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
-    ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -274,6 +274,21 @@ fn renaming(tid: u32) -> bool {
     nr == libc::SYS_renameat || nr == libc::SYS_renameat2
 }
 
+/// The kernel gets new inode `attr` under `parent`/`name`: its name is recorded, the
+/// answer counted, and its attributes given as its own node (a new inode has no other
+/// name, and no alias).
+fn give_new(
+    names: &KernelNames,
+    ids: &KernelIds,
+    parent: INodeNo,
+    name: &[u8],
+    attr: &Attr,
+) -> FileAttr {
+    names.give(parent.0, name, attr.ino.0, attr);
+    ids.given(attr.ino.0, attr.ino);
+    file_attr(attr, attr.ino.0)
+}
+
 /// Answers with a new entry. The kernel may cache it only when this client made it
 /// itself, under exclusive caps on the directory and the new inode (which a recall
 /// drops); otherwise its next lookup asks, and gets a cap.
@@ -287,11 +302,8 @@ fn reply_entry(
 ) {
     match r {
         Ok(attr) => {
-            // A new inode: it has no other name, and no alias.
-            names.give(parent.0, name, attr.ino.0, &attr);
-            ids.given(attr.ino.0, attr.ino);
             let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));
-            reply.entry(&ttl, &file_attr(&attr, attr.ino.0), Generation(0))
+            reply.entry(&ttl, &give_new(names, ids, parent, name, &attr), Generation(0))
         }
         Err(e) => reply.error(fail(what, &e)),
     }
@@ -387,12 +399,16 @@ impl Filesystem for StoaFs {
                     let node = attr.ino.0;
                     break (found, node);
                 }
-                // The node the kernel has under this name, if it is this inode's: a
-                // revalidation given another would drop the kernel's entry, and a rename
-                // that walked through it would no longer see it as the same directory.
-                // Else the inode's newest node.
-                let held = names.node_at(parent.0, &name).filter(|n| ids.inode(*n) == attr.ino);
-                let mut node = held.unwrap_or_else(|| ids.node(attr.ino));
+                // An inode with aliases: the node the kernel has under this name, if it
+                // is one of them (a revalidation given another would drop the kernel's
+                // entry, and a rename that walked through it would no longer see it as
+                // the same directory), else the newest. Without one, only its number.
+                let newest = ids.node(attr.ino);
+                let held = (newest != attr.ino.0)
+                    .then(|| names.node_at(parent.0, &name))
+                    .flatten()
+                    .filter(|n| ids.inode(*n) == attr.ino);
+                let mut node = held.unwrap_or(newest);
                 // A directory the kernel holds in another directory cannot take this
                 // name inside a rename, nor while its old name waits for the caller to
                 // let go: it gets a new node (caps.md invariant 32).
@@ -1118,9 +1134,8 @@ impl Filesystem for StoaFs {
             };
             match opened {
                 Ok((attr, handle)) => {
-                    names.give(parent.0, &name, attr.ino.0, &attr);
-                    ids.given(attr.ino.0, attr.ino);
-                    let (fa, h) = (file_attr(&attr, attr.ino.0), FileHandle(handle.0));
+                    let fa = give_new(&names, &ids, parent, &name, &attr);
+                    let h = FileHandle(handle.0);
                     let open = open_flags(&c, attr.ino, handle, flags, direct_writes);
                     let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));
                     reply.created(&ttl, &fa, Generation(0), h, open);
