@@ -17,6 +17,7 @@
 //! FUSE notifications. Data goes through the page cache, so mmap works.
 
 mod attr;
+mod caller;
 mod caps;
 mod dirs;
 mod error;

@@ -39,12 +39,15 @@
 //! operations; two mounts replacing and reading one name: 5 in 4,928 reads).
 //!
 //! For a file, only a rename must never see both names: it alone answers success for two
-//! names of one inode without asking. So when the drop does not end in time and the
-//! caller is not in a rename (`fs.rs` `renaming`), the file is given all the same, with
-//! no record, and the kernel holds both names until the caller lets go of the directory
-//! and the drop runs. An unlink, link, create or walk whose caller held the directory
-//! failed with `ESTALE` before: its retry took the directory again before the drop could
-//! (two mounts churning five names: 33 in 30,560 operations before, 1 in 37,768 after).
+//! names of one inode without asking, and only when the old name is one of its two. So
+//! when the drop does not end in time and the caller is not in a rename from or onto a
+//! name like the old one (`caller.rs`: the last components of the rename's paths, read
+//! from the caller's memory), the file is given all the same, with no record, and the
+//! kernel holds both names until the caller lets go of the directory and the drop runs.
+//! An unlink, link, create or walk whose caller held the directory failed with `ESTALE`
+//! before: its retry took the directory again before the drop could (two mounts churning
+//! five names: 33 in 30,560 operations before, 1 in 37,768 after). Until 2026-12-01 any
+//! rename did too, of two names neither of which the kernel held the file under.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
