@@ -315,8 +315,12 @@ impl FileInner {
     /// version (with the size before those commits) would hide the commits' answers, and
     /// once the writes settled the file would read as that old size (empty, for a file
     /// `tar` had just written). The commits' answers are learnt as they come instead.
+    /// So too while a size commit is on its way: a link or rename this client recorded
+    /// meanwhile counted on from the version before it, where meta numbers the commit
+    /// first, and the cache's version then names the size before the commit (`churn.py`:
+    /// three `two answers of version` errors in about 700,000 operations).
     pub fn learn_cached(&mut self, attr: &Attr) {
-        if self.deferred.is_empty() {
+        if self.deferred.is_empty() && !self.commit_pending() {
             self.learn(attr);
         }
     }
@@ -963,5 +967,24 @@ mod tests {
         assert_eq!(inner.size_of(&stale), 46, "a stale size reported after a recall");
         inner.learn(&attr(69, 6));
         assert_eq!(inner.size(), Some(69));
+    }
+
+    /// While a size commit is on its way, the cache may hold a version this client
+    /// counted for a link it made after it, which meta numbers after the commit: it is
+    /// not learnt, and the commit's answer, of the same version, is.
+    #[test]
+    fn the_cache_is_not_learnt_from_while_a_commit_is_on_its_way() {
+        let file = FileState::new(InodeId(7), 1 << 20);
+        let mut inner = file.lock();
+        inner.learn(&attr(0, 1));
+        inner.committing = true;
+        inner.learn_cached(&attr(0, 2));
+        assert_eq!((inner.meta_version, inner.size()), (1, Some(0)), "learnt from the cache");
+        inner.learn(&attr(1, 2));
+        inner.committing = false;
+        assert_eq!((inner.meta_version, inner.size()), (2, Some(1)));
+        // Once no commit is on its way, the cache is learnt from again.
+        inner.learn_cached(&attr(1, 3));
+        assert_eq!(inner.meta_version, 3);
     }
 }
