@@ -12,6 +12,8 @@ use std::os::unix::fs::FileExt;
 
 /// The longest path Linux takes.
 const PATH_MAX: usize = 4096;
+/// The page size of the memory read: a read must not cross into an unmapped page.
+const PAGE_BYTES: u64 = 4096;
 /// Bytes of a path read at once: most paths are short.
 const READ_BYTES: usize = 256;
 
@@ -62,6 +64,7 @@ impl Call {
         }
     }
 
+    /// Whether this call is (or may be) a rename, whatever its names.
     pub fn renaming(&self) -> bool {
         matches!(self, Call::Rename(_))
     }
@@ -80,8 +83,7 @@ impl Call {
 fn read_path(mem: &File, mut at: u64) -> Option<Vec<u8>> {
     let mut path = Vec::new();
     while path.len() < PATH_MAX {
-        // Reads stop at a page's end: the next page may not be mapped.
-        let to_page_end = 4096 - (at % 4096) as usize;
+        let to_page_end = (PAGE_BYTES - at % PAGE_BYTES) as usize;
         let mut buf = [0u8; READ_BYTES];
         let want = READ_BYTES.min(to_page_end);
         let n = mem.read_at(&mut buf[..want], at).ok().filter(|n| *n > 0)?;
