@@ -533,6 +533,27 @@ impl Client {
         flushed
     }
 
+    /// What this client is still waiting for, in one line for a log: how far meta has
+    /// answered its queued namespace changes and size commits, the caps it is recalling
+    /// and the files with writes or commits outstanding. The mount logs it when a
+    /// request has waited long (`stoa-fuse` `slow.rs`).
+    pub fn busy(&self) -> String {
+        let (changes_done, changes) = self.sh.session.backlog.position();
+        let (commits_done, commits) = self.sh.dirops.commit_log.position();
+        let mut parts = vec![
+            format!("namespace changes answered {changes_done} of {changes}"),
+            format!("size commits answered {commits_done} of {commits}"),
+        ];
+        parts.extend(self.sh.caps.busy());
+        let files: Vec<Arc<FileState>> =
+            self.sh.files.lock().expect("files lock poisoned").values().cloned().collect();
+        let mut files: Vec<(InodeId, String)> =
+            files.iter().filter_map(|f| f.lock().busy().map(|busy| (f.ino, busy))).collect();
+        files.sort_unstable_by_key(|(ino, _)| *ino);
+        parts.extend(files.into_iter().map(|(ino, busy)| format!("inode {ino}: {busy}")));
+        parts.join("; ")
+    }
+
     /// Corrects attributes from meta with what this client knows better: the size of a
     /// file it is writing.
     pub(crate) fn adjust(&self, mut attr: Attr) -> Attr {

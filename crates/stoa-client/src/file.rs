@@ -256,6 +256,26 @@ impl FileInner {
             && self.deferred.is_empty()
     }
 
+    /// What the file still has to send or hear back, for the report of requests that
+    /// wait long ([`crate::Client::busy`]); `None` when it is idle.
+    pub fn busy(&self) -> Option<String> {
+        if self.is_idle() {
+            return None;
+        }
+        Some(format!(
+            "{} chunk writes queued or in flight, buffered {}, commit to {:?} waiting, \
+             committing {}, batched commit {:?}, {} deferred changes, {} opens, failed {}",
+            self.pending,
+            !self.buffer.is_empty(),
+            self.commit_end,
+            self.committing,
+            self.batched,
+            self.deferred.len(),
+            self.opens,
+            self.error.is_some()
+        ))
+    }
+
     /// The bytes of `[offset, offset + len)` this client wrote but the chunk servers may
     /// not have yet, as `(position in the range, bytes)`: in-flight, then queued, then
     /// buffered bytes, so that copying them in order leaves the newest on top.

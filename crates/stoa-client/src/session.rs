@@ -314,6 +314,11 @@ impl Backlog {
     pub fn is_urgent(&self) -> bool {
         self.urgent.load(Ordering::Acquire) > 0
     }
+
+    /// `(answered, queued)`: the numbers of the last change answered and queued.
+    pub fn position(&self) -> (u64, u64) {
+        (self.done.load(Ordering::Acquire), self.queued.load(Ordering::Acquire))
+    }
 }
 
 async fn open_grant(meta: &MetaClient, name: &str) -> Result<SessionGrant, FsError> {

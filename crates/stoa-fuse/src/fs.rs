@@ -9,6 +9,7 @@ use crate::dirs::DirStream;
 use crate::ids::KernelIds;
 use crate::locks::LockBook;
 use crate::names::KernelNames;
+use crate::slow::{op_name, Counted, Waiting};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem,
     FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
@@ -76,6 +77,8 @@ pub struct StoaFs {
     names: Arc<KernelNames>,
     ids: Arc<KernelIds>,
     locks: Arc<LockBook>,
+    /// The requests waiting now, for the report of slow ones (`slow.rs`).
+    waiting: Arc<Waiting>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     next_dir: AtomicU64,
     /// Whether opens for writing use direct I/O (the kernel allows shared mappings of
@@ -89,12 +92,13 @@ impl StoaFs {
         rt: tokio::runtime::Handle,
         kernel: Kernel,
         ids: Arc<KernelIds>,
+        waiting: Arc<Waiting>,
     ) -> StoaFs {
         let (dirs, next_dir) = (Mutex::new(HashMap::new()), AtomicU64::new(1));
         let locks = Arc::new(LockBook::default());
         let names = Arc::new(KernelNames::default());
         let direct_writes = false;
-        StoaFs { client, rt, kernel, names, ids, locks, dirs, next_dir, direct_writes }
+        StoaFs { client, rt, kernel, names, ids, locks, waiting, dirs, next_dir, direct_writes }
     }
 
     /// The inode of the kernel's node `i`.
@@ -107,14 +111,35 @@ impl StoaFs {
     /// caps (a cached lookup or getattr, a create in a directory held with its listing,
     /// a flush with nothing buffered) finish in that first poll, and handing them to
     /// another thread would cost more than the work.
+    /// A request that has to wait is counted among the waiting ones, and logged if it
+    /// waits long (`slow.rs`).
     fn spawn<F, Fut>(&self, op: F)
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.run(op, true)
+    }
+
+    /// [`StoaFs::spawn`] for a request that may rightly wait for good (a lock request
+    /// that sleeps until the holder lets go): never logged as slow.
+    fn spawn_unwatched<F, Fut>(&self, op: F)
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.run(op, false)
+    }
+
+    fn run<F, Fut>(&self, op: F, watched: bool)
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         // Timers, sockets and tasks the first poll starts need the runtime's context.
         let _runtime = self.rt.enter();
-        run_here_first(&self.rt, Box::pin(op(self.client.clone())));
+        let count = || watched.then(|| self.waiting.count(op_name(std::any::type_name::<F>())));
+        run_here_first(&self.rt, Box::pin(op(self.client.clone())), count);
     }
 
     fn dir(&self, fh: FileHandle) -> Option<Arc<tokio::sync::Mutex<DirStream>>> {
@@ -144,12 +169,21 @@ enum LaterState {
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Polls `task` once on this thread; if it has to wait, it becomes a [`Later`].
-fn run_here_first(rt: &tokio::runtime::Handle, mut task: Task) {
+/// Polls `task` once on this thread; if it has to wait, it becomes a [`Later`], counted
+/// among the waiting requests until it ends if `count` counts it.
+fn run_here_first(
+    rt: &tokio::runtime::Handle,
+    mut task: Task,
+    count: impl FnOnce() -> Option<Counted>,
+) {
     let later = Arc::new(Later { rt: rt.clone(), state: Mutex::new(LaterState::Polling) });
     let waker = Waker::from(later.clone());
     if task.as_mut().poll(&mut Context::from_waker(&waker)).is_pending() {
-        later.park(task);
+        let counted = count();
+        later.park(Box::pin(async move {
+            task.await;
+            drop(counted);
+        }));
     }
 }
 
@@ -836,10 +870,14 @@ impl Filesystem for StoaFs {
         let req = LockRequest { owner: lock_owner.0, start, end, kind, pid };
         let takes = kind != stoa_client::LockKind::Unlock;
         let earlier = self.locks.locking(fh_raw.0, i.0, lock_owner.0, takes);
-        self.spawn(|c| async move {
+        let op = |c| async move {
             crate::locks::after(earlier).await;
             crate::locks::setlk(c, inode, req, sleep, reply).await
-        });
+        };
+        match sleep {
+            true => self.spawn_unwatched(op),
+            false => self.spawn(op),
+        }
     }
 
     fn fsync(
@@ -1171,13 +1209,16 @@ mod tests {
         let rt = runtime();
         let (tx, done) = mpsc::channel();
         let here = std::thread::current().id();
+        let waiting = Arc::new(Waiting::default());
         run_here_first(
             rt.handle(),
             Box::pin(
                 async move { tx.send(usize::from(std::thread::current().id() == here)).unwrap() },
             ),
+            || Some(waiting.count("test")),
         );
         assert_eq!(finished(&done), 1, "ran on another thread");
+        assert_eq!(waiting.len(), 0, "counted as waiting");
     }
 
     #[test]
@@ -1199,6 +1240,7 @@ mod tests {
                 .await;
                 tx.send(counted.load(Ordering::SeqCst)).unwrap();
             }),
+            || None,
         );
         assert_eq!(finished(&done), 2);
     }
@@ -1210,16 +1252,27 @@ mod tests {
         let (wake_tx, wake_rx) = tokio::sync::oneshot::channel::<()>();
         let runs = Arc::new(AtomicUsize::new(0));
         let counted = runs.clone();
+        let waiting = Arc::new(Waiting::default());
         run_here_first(
             rt.handle(),
             Box::pin(async move {
                 wake_rx.await.unwrap();
                 tx.send(counted.fetch_add(1, Ordering::SeqCst) + 1).unwrap();
             }),
+            || Some(waiting.count("test")),
         );
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(runs.load(Ordering::SeqCst), 0, "ran before it was woken");
+        assert_eq!(waiting.len(), 1, "not counted while it waits");
         std::thread::spawn(move || wake_tx.send(()).unwrap()).join().unwrap();
         assert_eq!(finished(&done), 1);
+        // The count ends just after the task's last step.
+        for _ in 0..100 {
+            if waiting.len() == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("still counted after it ended");
     }
 }

@@ -26,6 +26,7 @@ mod ids;
 mod locks;
 mod mountpoint;
 mod names;
+mod slow;
 
 pub use error::FuseError;
 pub use mountpoint::prepare as prepare_mount_point;
@@ -69,7 +70,9 @@ pub async fn mount(
     let client = Client::connect(client_cfg).await.map_err(FuseError::Connect)?;
     let (kernel, ids) = (fs::Kernel::default(), Arc::new(ids::KernelIds::default()));
     let rt = tokio::runtime::Handle::current();
-    let fs = fs::StoaFs::new(client.clone(), rt, kernel.clone(), ids.clone());
+    let waiting = Arc::new(slow::Waiting::default());
+    let _watch = Watch(tokio::spawn(slow::watch(waiting.clone(), client.clone())));
+    let fs = fs::StoaFs::new(client.clone(), rt, kernel.clone(), ids.clone(), waiting);
     let config = fuse_config();
     let at = path.clone();
     let mut session = tokio::task::spawn_blocking(move || Session::new(fs, &at, &config))
@@ -112,6 +115,15 @@ pub async fn mount(
     tracing::info!("{} was unmounted", path.display());
     close(&client).await;
     Ok(())
+}
+
+/// The slow-request watch of a mount, stopped when the mount ends.
+struct Watch(tokio::task::JoinHandle<()>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn close(client: &Client) {

@@ -623,6 +623,26 @@ impl Caps {
         self.forget(&[dir], &[]);
     }
 
+    /// The caps being recalled, each with the uncapped operations it still counts, and
+    /// whether the recall holds its gate (for [`crate::Client::busy`]).
+    pub fn busy(&self) -> Vec<String> {
+        let t = self.lock();
+        let mut out: Vec<(InodeId, String)> = t
+            .recalling
+            .iter()
+            .map(|(ino, r)| {
+                let gated = t.gates.get(ino).is_some_and(|g| g.try_read().is_err());
+                let text = format!(
+                    "recall of inode {ino}: {} operations uncapped, gate held {gated}",
+                    r.inflight
+                );
+                (*ino, text)
+            })
+            .collect();
+        out.sort_unstable_by_key(|(ino, _)| *ino);
+        out.into_iter().map(|(_, text)| text).collect()
+    }
+
     fn gate(&self, ino: InodeId) -> Arc<RwLock<()>> {
         self.lock().gates.entry(ino).or_default().clone()
     }
