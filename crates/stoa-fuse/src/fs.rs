@@ -4,7 +4,7 @@
 //! reading the device.
 
 use crate::attr::{errno, file_attr, missing_attr, set_time, BLOCK_SIZE_BYTES};
-use crate::caller::Call;
+use crate::caller::{Call, Creds};
 use crate::dirs::DirStream;
 use crate::ids::KernelIds;
 use crate::locks::LockBook;
@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use std::time::{Duration, SystemTime};
-use stoa_client::{Attr, Client, FileKind, FsError, InodeId, LockRequest, Owner, Pinned, SetAttr};
+use stoa_client::{
+    Attr, Client, FileKind, FsError, InodeId, LockRequest, Owner, Pinned, SetAttr, SetTime,
+};
 
 /// Largest write the kernel sends in one request.
 const MAX_WRITE_BYTES: u32 = 1 << 20;
@@ -49,6 +51,10 @@ const OLD_NAME_DROP_WAIT: Duration = Duration::from_millis(20);
 /// with `ESTALE` (two mounts churning five names, `churn.py`: 8 in about 146,000
 /// operations; none in about 270,000 with three).
 const OLD_NAME_DROPS: u32 = 3;
+/// Creates one `open(O_CREAT)` tries again when the name it found taken is gone again
+/// by the time it looks (`open_existing`), before it leaves the open to the kernel's
+/// walk.
+const CREATE_TRIES: u32 = 3;
 /// File capabilities are not supported (setting one is `EOPNOTSUPP`), like GlusterFS and
 /// JuiceFS by default: the kernel asks for this xattr before every write(2) to decide
 /// whether to drop it, and answering from here instead of meta saves a meta round trip
@@ -311,6 +317,92 @@ fn give_new(
     names.give(parent.0, name, attr.ino.0, attr);
     ids.given(attr.ino.0, attr.ino);
     file_attr(attr, attr.ino.0)
+}
+
+/// What [`open_existing`] made of a name a CREATE found taken.
+enum Existing {
+    /// The file, open.
+    Opened(Attr, stoa_client::FileHandle),
+    /// Its `O_TRUNC` failed.
+    Failed(FsError),
+    /// Removed again since: the create may be tried again.
+    Gone,
+    /// Not opened here: the kernel's own walk must open it (ESTALE).
+    Walk,
+}
+
+/// Opens the regular file another mount made under `name` in `dir` meanwhile, for an
+/// `open(O_CREAT)` without `O_EXCL` whose CREATE found the name taken. Left to the
+/// kernel's own walk (ESTALE), such an open failed when the other mount removed the
+/// name and made it again between the walk's two tries (`churn.py`: about one
+/// operation in 50,000). The kernel takes any file CREATE answers as one it made: it
+/// checks no permission and does not apply `O_TRUNC` (`FMODE_CREATED`). So both are
+/// done here as the kernel would for an open of an existing file
+/// ([`Creds::may_open`]; the truncate after the open), and the rest is left to the
+/// walk: credentials unread or refused, not a regular file, `O_NOATIME` (owner only),
+/// `O_TRUNC` of a file with set-ID bits (which that truncate drops), a file the kernel
+/// holds under an old name.
+async fn open_existing(
+    c: &Client,
+    (names, ids): (&KernelNames, &KernelIds),
+    (parent, dir, name): (INodeNo, InodeId, &[u8]),
+    flags: i32,
+    creds: Option<Creds>,
+) -> Existing {
+    let truncate = flags & libc::O_TRUNC != 0;
+    if flags & libc::O_NOATIME != 0 {
+        return Existing::Walk;
+    }
+    // Not pinned: the open and the truncate may need the file's cap, whose recall
+    // would wait for the pin. The kernel may not cache the answer then.
+    let attr = match c.lookup_cached(dir, name).await {
+        Ok((attr, _, _)) => attr,
+        Err(FsError::NotFound) => return Existing::Gone,
+        Err(_) => return Existing::Walk,
+    };
+    let allowed = creds.is_some_and(|creds| creds.may_open(&attr, flags));
+    if !allowed || (truncate && attr.perm & 0o6000 != 0) {
+        return Existing::Walk;
+    }
+    if names.give(parent.0, name, attr.ino.0, &attr).is_some() {
+        return Existing::Walk;
+    }
+    // Until it is given, the kernel's entry stays negative.
+    let handle = match c.open(attr.ino).await {
+        Ok(handle) => handle,
+        Err(e) => {
+            names.removed(parent.0, name);
+            return match e {
+                FsError::NotFound => Existing::Gone,
+                _ => Existing::Walk,
+            };
+        }
+    };
+    let ino = attr.ino;
+    let opened = match truncate {
+        false => Ok(attr),
+        // As Linux truncates for `O_TRUNC`: the times change even if the size does not.
+        true => {
+            let set = SetAttr { size: Some(0), mtime: Some(SetTime::Now), ..SetAttr::default() };
+            c.setattr(ino, set).await
+        }
+    };
+    match opened {
+        Ok(attr) => {
+            tracing::debug!("create found {parent}/{:?} made meanwhile: opened {ino}", {
+                OsStr::from_bytes(name)
+            });
+            ids.given(attr.ino.0, attr.ino);
+            Existing::Opened(attr, handle)
+        }
+        Err(e) => {
+            names.removed(parent.0, name);
+            if let Err(e) = c.release(handle).await {
+                tracing::warn!("releasing inode {ino} after its truncate failed: {e}");
+            }
+            Existing::Failed(e)
+        }
+    }
 }
 
 /// Answers with a new entry. The kernel may cache it only when this client made it
@@ -1152,37 +1244,57 @@ impl Filesystem for StoaFs {
         let dir = self.ino(parent);
         let kind = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         let (name, owner, names) = (bytes(name), owner(req), self.names.clone());
-        let (ids, direct_writes) = (self.ids.clone(), self.direct_writes);
+        let (ids, direct_writes, caller) = (self.ids.clone(), self.direct_writes, req.pid());
         self.spawn(|c| async move {
-            // A regular file is created and opened in one meta call (one log entry).
-            let opened = if kind == FileKind::File {
-                c.create_open(dir, &name, perm(mode, umask), owner).await
-            } else {
-                match c.create(dir, &name, kind, perm(mode, umask), owner, 0).await {
-                    Ok(attr) => c.open(attr.ino).await.map(|handle| (attr, handle)),
-                    Err(e) => Err(e),
-                }
-            };
-            match opened {
-                Ok((attr, handle)) => {
-                    let fa = give_new(&names, &ids, parent, &name, &attr);
-                    let h = FileHandle(handle.0);
-                    let open = open_flags(&c, attr.ino, handle, flags, direct_writes);
-                    let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));
-                    reply.created(&ttl, &fa, Generation(0), h, open);
-                }
-                // The kernel sends CREATE only for a name it believes absent (a
-                // negative entry, or another mount made it meanwhile). Without O_EXCL
-                // the open must find the file instead: ESTALE makes the kernel walk the
-                // path once more with LOOKUP_REVAL, which looks the name up afresh and
-                // opens the file as any open of an existing file (its permission
-                // checks and O_TRUNC included). EEXIST would be an error POSIX never
-                // gives an open without O_EXCL.
-                Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {
-                    tracing::debug!("create of an existing name without O_EXCL: reopening");
-                    reply.error(Errno::ESTALE);
-                }
-                Err(e) => reply.error(fail("create", &e)),
+            let mut gone = 0;
+            loop {
+                // A regular file is created and opened in one meta call (one log entry).
+                let opened = if kind == FileKind::File {
+                    c.create_open(dir, &name, perm(mode, umask), owner).await
+                } else {
+                    match c.create(dir, &name, kind, perm(mode, umask), owner, 0).await {
+                        Ok(attr) => c.open(attr.ino).await.map(|handle| (attr, handle)),
+                        Err(e) => Err(e),
+                    }
+                };
+                let (ino, fa, handle, ttl) = match opened {
+                    Ok((attr, handle)) => {
+                        let fa = give_new(&names, &ids, parent, &name, &attr);
+                        let ttl = c.cache_ttl(attr.ino).min(c.cache_ttl(dir));
+                        (attr.ino, fa, handle, ttl)
+                    }
+                    // The kernel sends CREATE only for a name it believes absent (a
+                    // negative entry, or another mount made it meanwhile). Without
+                    // O_EXCL the open must find the file instead; EEXIST would be an
+                    // error POSIX never gives an open without O_EXCL.
+                    Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {
+                        let creds = Creds::of(caller, owner.uid, owner.gid);
+                        let at = (parent, dir, name.as_slice());
+                        match open_existing(&c, (&names, &ids), at, flags, creds).await {
+                            Existing::Opened(attr, handle) => {
+                                let fa = file_attr(&attr, attr.ino.0);
+                                (attr.ino, fa, handle, Duration::ZERO)
+                            }
+                            Existing::Failed(e) => return reply.error(fail("create", &e)),
+                            Existing::Gone if gone < CREATE_TRIES => {
+                                gone += 1;
+                                continue;
+                            }
+                            // ESTALE makes the kernel walk the path once more with
+                            // LOOKUP_REVAL, which looks the name up afresh and opens
+                            // the file as any open of an existing file, its permission
+                            // checks and O_TRUNC included.
+                            Existing::Gone | Existing::Walk => {
+                                tracing::debug!("create of an existing name: reopening");
+                                return reply.error(Errno::ESTALE);
+                            }
+                        }
+                    }
+                    Err(e) => return reply.error(fail("create", &e)),
+                };
+                let open = open_flags(&c, ino, handle, flags, direct_writes);
+                reply.created(&ttl, &fa, Generation(0), FileHandle(handle.0), open);
+                return;
             }
         });
     }
