@@ -239,21 +239,7 @@ mod tests {
                           CapEff:\t0000000000000000\n";
 
     fn file(perm: u32, uid: u32, gid: u32) -> Attr {
-        let now = stoa_types::Timestamp::now();
-        Attr {
-            ino: stoa_client::InodeId(9),
-            kind: FileKind::File,
-            perm,
-            uid,
-            gid,
-            size: 0,
-            nlink: 1,
-            rdev: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            version: 1,
-        }
+        Attr { perm, uid, gid, ..crate::names::tests::attr(9, FileKind::File, 1) }
     }
 
     #[test]

@@ -193,7 +193,7 @@ impl KernelNames {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use stoa_types::{InodeId, Timestamp};
 
@@ -202,7 +202,8 @@ mod tests {
         names.give(parent, name, attr.ino.0, attr)
     }
 
-    fn attr(ino: u64, kind: FileKind, nlink: u32) -> Attr {
+    /// Attributes of inode `ino`, for tests.
+    pub(crate) fn attr(ino: u64, kind: FileKind, nlink: u32) -> Attr {
         let t = Timestamp::default();
         Attr {
             ino: InodeId(ino),
