@@ -545,12 +545,12 @@ impl Client {
             format!("size commits answered {commits_done} of {commits}"),
         ];
         parts.extend(self.sh.caps.busy());
-        let files: Vec<Arc<FileState>> =
+        let mut files: Vec<Arc<FileState>> =
             self.sh.files.lock().expect("files lock poisoned").values().cloned().collect();
-        let mut files: Vec<(InodeId, String)> =
-            files.iter().filter_map(|f| f.lock().busy().map(|busy| (f.ino, busy))).collect();
-        files.sort_unstable_by_key(|(ino, _)| *ino);
-        parts.extend(files.into_iter().map(|(ino, busy)| format!("inode {ino}: {busy}")));
+        files.sort_unstable_by_key(|f| f.ino);
+        let busy =
+            |f: &Arc<FileState>| f.lock().busy().map(|busy| format!("inode {}: {busy}", f.ino));
+        parts.extend(files.iter().filter_map(busy));
         parts.join("; ")
     }
 

@@ -145,10 +145,12 @@ impl Creds {
         }
         let read = access != libc::O_WRONLY;
         let write = access != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        let shift = match () {
-            () if self.uid == attr.uid => 6,
-            () if self.gid == attr.gid || self.groups.contains(&attr.gid) => 3,
-            () => 0,
+        let shift = if self.uid == attr.uid {
+            6
+        } else if self.gid == attr.gid || self.groups.contains(&attr.gid) {
+            3
+        } else {
+            0
         };
         let bits = (attr.perm >> shift) & 0o7;
         let by_bits = (!read || bits & 0o4 != 0) && (!write || bits & 0o2 != 0);

@@ -116,9 +116,8 @@ impl StoaFs {
     /// on the runtime only if it has to wait. Most requests of a mount that holds its
     /// caps (a cached lookup or getattr, a create in a directory held with its listing,
     /// a flush with nothing buffered) finish in that first poll, and handing them to
-    /// another thread would cost more than the work.
-    /// A request that has to wait is counted among the waiting ones, and logged if it
-    /// waits long (`slow.rs`).
+    /// another thread would cost more than the work. A request that has to wait is
+    /// counted among the waiting ones, and logged if it waits long (`slow.rs`).
     fn spawn<F, Fut>(&self, op: F)
     where
         F: FnOnce(Client) -> Fut,
@@ -127,16 +126,8 @@ impl StoaFs {
         self.run(op, true)
     }
 
-    /// [`StoaFs::spawn`] for a request that may rightly wait for good (a lock request
-    /// that sleeps until the holder lets go): never logged as slow.
-    fn spawn_unwatched<F, Fut>(&self, op: F)
-    where
-        F: FnOnce(Client) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        self.run(op, false)
-    }
-
+    /// [`StoaFs::spawn`], counting the request among the waiting ones only if
+    /// `watched`: one that may rightly wait for good is never logged as slow.
     fn run<F, Fut>(&self, op: F, watched: bool)
     where
         F: FnOnce(Client) -> Fut,
@@ -389,9 +380,8 @@ async fn open_existing(
     };
     match opened {
         Ok(attr) => {
-            tracing::debug!("create found {parent}/{:?} made meanwhile: opened {ino}", {
-                OsStr::from_bytes(name)
-            });
+            let shown = OsStr::from_bytes(name);
+            tracing::debug!("create found {parent}/{shown:?} made meanwhile: opened {ino}");
             ids.given(attr.ino.0, attr.ino);
             Existing::Opened(attr, handle)
         }
@@ -966,10 +956,8 @@ impl Filesystem for StoaFs {
             crate::locks::after(earlier).await;
             crate::locks::setlk(c, inode, req, sleep, reply).await
         };
-        match sleep {
-            true => self.spawn_unwatched(op),
-            false => self.spawn(op),
-        }
+        // One that sleeps until the holder lets go may rightly wait for good.
+        self.run(op, !sleep);
     }
 
     fn fsync(

@@ -627,20 +627,13 @@ impl Caps {
     /// whether the recall holds its gate (for [`crate::Client::busy`]).
     pub fn busy(&self) -> Vec<String> {
         let t = self.lock();
-        let mut out: Vec<(InodeId, String)> = t
-            .recalling
-            .iter()
-            .map(|(ino, r)| {
-                let gated = t.gates.get(ino).is_some_and(|g| g.try_read().is_err());
-                let text = format!(
-                    "recall of inode {ino}: {} operations uncapped, gate held {gated}",
-                    r.inflight
-                );
-                (*ino, text)
-            })
-            .collect();
-        out.sort_unstable_by_key(|(ino, _)| *ino);
-        out.into_iter().map(|(_, text)| text).collect()
+        let mut recalls: Vec<_> = t.recalling.iter().collect();
+        recalls.sort_unstable_by_key(|(ino, _)| **ino);
+        let report = |(ino, r): (&InodeId, &Recalling)| {
+            let gated = t.gates.get(ino).is_some_and(|g| g.try_read().is_err());
+            format!("recall of inode {ino}: {} operations uncapped, gate held {gated}", r.inflight)
+        };
+        recalls.into_iter().map(report).collect()
     }
 
     fn gate(&self, ino: InodeId) -> Arc<RwLock<()>> {
