@@ -110,10 +110,11 @@ pub(crate) fn send_released(sh: &Arc<Shared>) {
             if released.is_empty() {
                 break;
             }
-            let op = MetaOp::CapsReleased { released };
+            let op = MetaOp::CapsReleased { released: released.clone() };
             if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
                 tracing::debug!("telling the leader of caps given up: {e}");
             }
+            sh.caps.release_told(&released, grant_call_max(&sh));
         }
     });
 }

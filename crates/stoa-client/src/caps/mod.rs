@@ -36,7 +36,7 @@ use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaR
 use stoa_types::{
     Attr, DirEntry, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp, NAME_LEN_MAX,
 };
-use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use tokio::sync::{Notify, OwnedRwLockReadGuard, RwLock};
 
 mod events;
 
@@ -65,6 +65,15 @@ const UNCAPPED_WAIT: Duration = Duration::from_millis(2);
 const BUSY_DIR_FOR: Duration = Duration::from_secs(10);
 /// How many busy directories are remembered before the expired ones are swept.
 const BUSY_DIRS_SWEEP: usize = 1024;
+/// How many files given back on the client's own removals are remembered (see
+/// `Table::released_at`) before those no grant call can still be answering are swept.
+const RELEASED_SWEEP: usize = 1024;
+
+/// The longest a grant call may wait for its answer: a lease (a dead holder blocks it
+/// that long) and [`GRANT_TIMEOUT_EXTRA`].
+fn grant_call_max(sh: &Shared) -> Duration {
+    Duration::from_millis(sh.session.grant().lease_ms) + GRANT_TIMEOUT_EXTRA
+}
 
 /// The kernel's caches, as a front end exposes them (FUSE notify). Calls may block.
 pub trait KernelCache: Send + Sync {
@@ -163,6 +172,10 @@ struct Table {
     /// Caps this client dropped on its own, not yet told to the leader: those of files
     /// whose last name it removed itself (see [`send_released`]).
     released: Vec<CapRef>,
+    /// Inodes whose own drop the leader has been told of, with the forget number taken
+    /// then and when: a grant asked before (an older [`Caps::epoch`]) may be one the
+    /// leader made before it dropped the cap, and is never cached; one asked after is.
+    released_at: HashMap<InodeId, (u64, Instant)>,
     /// Whether a task is sending `released`.
     releasing: bool,
 }
@@ -179,12 +192,23 @@ impl Table {
     /// the leader hears of it with the next [`send_released`] instead of having to
     /// recall it. The release names every grant (`u64::MAX`: the client does not know
     /// the sequence of a cap on a file it created), so a grant of the file still on its
-    /// way is marked recalled here too, and never cached when it arrives.
+    /// way is marked recalled here too, and never cached when it arrives. Until the
+    /// leader has been told ([`Caps::release_told`]): the file may still be reached by
+    /// inode (a handle opened from a name the kernel had cached, or a create that
+    /// found the name just before the removal), and its next grant must be cached.
     fn drop_own(&mut self, ino: InodeId) {
         if self.held.remove(&ino).is_some() {
             self.recalled.insert(ino, u64::MAX);
             self.released.push(CapRef { ino, seq: u64::MAX });
         }
+    }
+
+    /// Whether a grant of `ino` at `seq`, asked for at epoch `sent`, came too late to be
+    /// cached: from an older leader term, or recalled or dropped after the leader made it.
+    fn late(&self, ino: InodeId, seq: u64, sent: u64) -> bool {
+        cap_seq_term(seq) < self.term
+            || self.recalled.get(&ino).is_some_and(|&r| r >= seq)
+            || self.released_at.get(&ino).is_some_and(|&(epoch, _)| sent < epoch)
     }
 }
 
@@ -196,6 +220,8 @@ pub(crate) struct Caps {
     max: usize,
     /// Whether a task is giving caps back.
     trimming: AtomicBool,
+    /// Woken when the leader has been told of caps this client dropped on its own.
+    told: Notify,
 }
 
 /// How an operation may go ahead on an inode; kept while the operation relies on it.
@@ -232,6 +258,7 @@ impl Caps {
             kernel: OnceLock::new(),
             max,
             trimming: AtomicBool::new(false),
+            told: Notify::new(),
         }
     }
 
@@ -485,8 +512,7 @@ impl Caps {
     pub fn store_dir(&self, grant: &DirGrant, sent: u64) -> bool {
         let mut t = self.lock();
         let ino = grant.attr.ino;
-        if cap_seq_term(grant.seq) < t.term || t.recalled.get(&ino).is_some_and(|&r| r >= grant.seq)
-        {
+        if t.late(ino, grant.seq, sent) {
             return false;
         }
         let listing = grant.entries.iter().map(|e| (e.name.clone(), (e.ino, e.kind))).collect();
@@ -617,6 +643,42 @@ impl Caps {
         Some(generation)
     }
 
+    /// The leader has been told of `released`, caps this client dropped on its own (or
+    /// the call failed, and the leader recalls them as it would any other: this client
+    /// holds none of them and acks). A grant of one of those files asked from now on is
+    /// the leader's answer after the drop, and is cached; grants asked before never are.
+    /// Those no grant call can still be answering (`max_call` after) are forgotten.
+    pub fn release_told(&self, released: &[CapRef], max_call: Duration) {
+        let mut t = self.lock();
+        let epoch = t.next_forget();
+        let now = Instant::now();
+        for r in released {
+            if t.recalled.get(&r.ino) == Some(&u64::MAX) {
+                t.recalled.remove(&r.ino);
+                t.released_at.insert(r.ino, (epoch, now));
+            }
+        }
+        if t.released_at.len() > RELEASED_SWEEP {
+            t.released_at.retain(|_, &mut (_, at)| now.duration_since(at) < max_call);
+        }
+        drop(t);
+        self.told.notify_waiters();
+    }
+
+    /// Waits until the leader has been told of this client's own drop of the cap on
+    /// `ino`, if one is on its way: until then no grant of it is cached.
+    async fn until_release_told(&self, ino: InodeId) {
+        loop {
+            let told = self.told.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if self.lock().recalled.get(&ino) != Some(&u64::MAX) {
+                return;
+            }
+            told.await;
+        }
+    }
+
     /// Drops the listing of `dir`: a change made in it was refused by meta, so the
     /// listing may be wrong; the next change there takes it again.
     pub fn drop_listing(&self, dir: InodeId) {
@@ -643,12 +705,9 @@ impl Caps {
     /// Stores a grant unless a recall already named it. Returns whether it was stored.
     fn store(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
         let mut t = self.lock();
-        let late = |t: &Table, ino: InodeId, seq: u64| {
-            cap_seq_term(seq) < t.term || t.recalled.get(&ino).is_some_and(|&r| r >= seq)
-        };
         let mut stored = false;
         let used = t.tick;
-        if !late(&t, grant.attr.ino, grant.seq) {
+        if !t.late(grant.attr.ino, grant.seq, grant.sent) {
             let since = grant.attr.version;
             let held = Held { mode: grant.mode, seq: grant.seq, since, ..empty_held() };
             let h = t.held.entry(grant.attr.ino).or_insert(held);
@@ -659,7 +718,7 @@ impl Caps {
             stored = true;
         }
         if let Some((parent, name)) = dir {
-            if stored && !late(&t, parent, grant.dir_seq) {
+            if stored && !t.late(parent, grant.dir_seq, grant.sent) {
                 let held = Held { seq: grant.dir_seq, since: grant.dir_version, ..empty_held() };
                 let h = t.held.entry(parent).or_insert(held);
                 h.seq = h.seq.max(grant.dir_seq);
@@ -881,11 +940,10 @@ impl Client {
         name: Option<&[u8]>,
         mode: CapMode,
     ) -> Result<(Attr, bool), FsError> {
-        let lease = Duration::from_millis(self.session().lease_ms);
         let op = MetaOp::GetCaps { ino, name: name.map(<[u8]>::to_vec), mode };
         let sent = Instant::now();
         let epoch = self.sh.caps.epoch();
-        let grant = match self.sh.session.call_leader(op, lease + GRANT_TIMEOUT_EXTRA).await? {
+        let grant = match self.sh.session.call_leader(op, grant_call_max(&self.sh)).await? {
             MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version } => {
                 Grant { attr, mode, seq, dir_seq, dir_version, sent: epoch }
             }
@@ -1032,6 +1090,9 @@ impl Client {
                 }
                 continue;
             }
+            // A grant asked before the leader hears of this client's own drop of the
+            // cap would not be cached, and this would ask again at once, until then.
+            self.sh.caps.until_release_told(ino).await;
             self.acquire(ino, None, mode).await?;
         }
     }
@@ -1336,6 +1397,39 @@ mod tests {
         let late = shared(attr(gone), seq, 0, 0);
         assert!(!caps.store(&late, None), "a grant of a file given back is not cached");
         assert!(caps.cached_attr(gone).is_none());
+    }
+
+    /// A file given back on this client's own removal can still be reached by inode (a
+    /// handle opened from a name the kernel cached before the removal): once the leader
+    /// has been told of the drop, a grant asked for after that is cached, or a write
+    /// through that handle would ask for its cap forever (`churn.py`, 2026-12-01 and
+    /// 2026-12-06: a 1-byte write waited until the mount was unmounted while the mount
+    /// and meta's leader span on `GetCaps`). Grants asked for before are still refused:
+    /// the leader may have made them before it dropped the cap.
+    #[tokio::test]
+    async fn a_file_given_back_here_can_be_capped_again_once_the_leader_was_told() {
+        let caps = holding_dir();
+        let gone = InodeId(3);
+        assert!(caps.record_change(DIR, b"g", Change::Created(attr(gone))).is_some());
+        let at = Timestamp::now();
+        let removed = Change::Removed { child: gone, dir: false, at, keep: false };
+        assert!(caps.record_change(DIR, b"g", removed).is_some());
+        let released = std::mem::take(&mut caps.lock().released);
+        let asked_before = caps.epoch();
+        let told = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            caps.release_told(&released, Duration::from_secs(10));
+        };
+        let asked_after = async {
+            caps.until_release_told(gone).await;
+            caps.epoch()
+        };
+        let ((), asked_after) = tokio::join!(told, asked_after);
+        let early = shared(attr(gone), cap_seq(1, 9), 0, asked_before);
+        assert!(!caps.store(&early, None), "asked before the leader was told");
+        let fresh = shared(attr(gone), cap_seq(1, 10), 0, asked_after);
+        assert!(caps.store(&fresh, None), "asked after the leader was told");
+        assert!(caps.cached_attr(gone).is_some());
     }
 
     /// A call that changes a link count makes the client forget the inode's attributes;
