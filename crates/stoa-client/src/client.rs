@@ -266,28 +266,26 @@ impl Client {
         let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
         let file = handle.file.clone();
         let flushed = file.close(&self.sh, &handle.errors).await;
-        let last = {
+        let last_in_old_session = {
             let mut meta_open = file.meta_open.lock().await;
             file.lock().opens -= 1;
             match &mut *meta_open {
                 Some(m) if m.session == handle.session => {
                     m.handles -= 1;
-                    match m.handles {
+                    let current = m.session == self.sh.session.id();
+                    if m.handles == 0 && current {
                         // Queued here, in order with this client's namespace changes (a
                         // create of this file may still be on its way) and batched with
                         // them; the sender lets go of the file's state once it is sent
                         // (`Shared::release_sent`), with no task of its own per close.
-                        0 if m.session == self.sh.session.id() => {
-                            m.release = Some(self.queue_release(file.ino));
-                            false
-                        }
-                        handles => handles == 0,
+                        m.release = Some(self.queue_release(file.ino));
                     }
+                    m.handles == 0 && !current
                 }
                 _ => false,
             }
         };
-        if last {
+        if last_in_old_session {
             let client = self.clone();
             tokio::spawn(async move { client.release_in_old_session(file).await });
         } else {
@@ -307,17 +305,13 @@ impl Client {
     async fn release_in_old_session(&self, file: Arc<FileState>) {
         {
             let mut meta_open = file.meta_open.lock().await;
-            if let Some(m) = *meta_open {
-                if m.handles == 0 && m.release.is_none() {
-                    let op = MetaOp::Release { ino: file.ino };
-                    match self.sh.session.call_in(m.session, op).await {
-                        Ok(_) | Err(FsError::SessionExpired) => {}
-                        Err(e) => {
-                            tracing::warn!("releasing inode {} at meta failed: {e}", file.ino)
-                        }
-                    }
-                    *meta_open = None;
+            if let Some(m) = meta_open.filter(|m| m.handles == 0 && m.release.is_none()) {
+                let op = MetaOp::Release { ino: file.ino };
+                match self.sh.session.call_in(m.session, op).await {
+                    Ok(_) | Err(FsError::SessionExpired) => {}
+                    Err(e) => tracing::warn!("releasing inode {} at meta failed: {e}", file.ino),
                 }
+                *meta_open = None;
             }
         }
         self.sh.forget_if_unused(file.ino);
