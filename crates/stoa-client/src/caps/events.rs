@@ -41,7 +41,7 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
             };
             match polled {
                 Ok(MetaResponse::CapEvents { recalls, term }) => {
-                    sh.caps.learn_term(term);
+                    sh.caps.polled(term, grant_call_max(&sh));
                     forget_soon(&sh, sh.caps.renewed(sent, lease));
                     for r in recalls {
                         tokio::spawn(recall(sh.clone(), r));
@@ -114,7 +114,7 @@ pub(crate) fn send_released(sh: &Arc<Shared>) {
             if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
                 tracing::debug!("telling the leader of caps given up: {e}");
             }
-            sh.caps.release_told(&released, grant_call_max(&sh));
+            sh.caps.release_told(&released);
         }
     });
 }

@@ -63,11 +63,6 @@ const UNCAPPED_WAIT: Duration = Duration::from_millis(2);
 /// How long after a recall of a directory whose names the kernel cached the kernel gets
 /// its names with no TTL (see `Table::busy`).
 const BUSY_DIR_FOR: Duration = Duration::from_secs(10);
-/// How many busy directories are remembered before the expired ones are swept.
-const BUSY_DIRS_SWEEP: usize = 1024;
-/// How many files given back on the client's own removals are remembered (see
-/// `Table::released_at`) before those no grant call can still be answering are swept.
-const RELEASED_SWEEP: usize = 1024;
 
 /// The longest a grant call may wait for its answer: a lease (a dead holder blocks it
 /// that long) and [`GRANT_TIMEOUT_EXTRA`].
@@ -142,8 +137,10 @@ struct Recalling {
 #[derive(Default)]
 struct Table {
     held: HashMap<InodeId, Held>,
-    /// The highest sequence recalled per inode: a grant at or below it came too late.
-    recalled: HashMap<InodeId, u64>,
+    /// The highest sequence recalled per inode, and when it last was: a grant at or
+    /// below it came too late. `u64::MAX` marks a cap dropped here until the leader is
+    /// told ([`Table::drop_own`]).
+    recalled: HashMap<InodeId, (u64, Instant)>,
     recalling: HashMap<InodeId, Recalling>,
     gates: HashMap<InodeId, Arc<RwLock<()>>>,
     /// Caps are usable until then (the last renewal sent, plus most of a lease).
@@ -178,6 +175,8 @@ struct Table {
     released_at: HashMap<InodeId, (u64, Instant)>,
     /// Whether a task is sending `released`.
     releasing: bool,
+    /// When [`Table::sweep`] may next run.
+    sweep_at: Option<Instant>,
 }
 
 impl Table {
@@ -198,7 +197,7 @@ impl Table {
     /// found the name just before the removal), and its next grant must be cached.
     fn drop_own(&mut self, ino: InodeId) {
         if self.held.remove(&ino).is_some() {
-            self.recalled.insert(ino, u64::MAX);
+            self.recalled.insert(ino, (u64::MAX, Instant::now()));
             self.released.push(CapRef { ino, seq: u64::MAX });
         }
     }
@@ -207,8 +206,26 @@ impl Table {
     /// cached: from an older leader term, or recalled or dropped after the leader made it.
     fn late(&self, ino: InodeId, seq: u64, sent: u64) -> bool {
         cap_seq_term(seq) < self.term
-            || self.recalled.get(&ino).is_some_and(|&r| r >= seq)
+            || self.recalled.get(&ino).is_some_and(|&(r, _)| r >= seq)
             || self.released_at.get(&ino).is_some_and(|&(epoch, _)| sent < epoch)
+    }
+
+    /// Forgets, once per `max_call`, what no answer or recall can still need, so that a
+    /// long-lived mount keeps only what the last two such spans brought: recalled
+    /// sequences and own drops told at least `max_call` ago (no grant call asked before
+    /// them can still be answered, and a recall is not resent once acked), expired busy
+    /// directories, and the gates nobody holds or waits for (each is taken under this
+    /// table's lock, so a gate in use is never replaced).
+    fn sweep(&mut self, now: Instant, max_call: Duration) {
+        if self.sweep_at.is_some_and(|at| now < at) {
+            return;
+        }
+        self.sweep_at = Some(now + max_call);
+        let recent = |at: Instant| now.saturating_duration_since(at) < max_call;
+        self.recalled.retain(|_, &mut (seq, at)| seq == u64::MAX || recent(at));
+        self.released_at.retain(|_, &mut (_, at)| recent(at));
+        self.busy.retain(|_, until| *until > now);
+        self.gates.retain(|_, gate| Arc::strong_count(gate) > 1);
     }
 }
 
@@ -647,19 +664,15 @@ impl Caps {
     /// the call failed, and the leader recalls them as it would any other: this client
     /// holds none of them and acks). A grant of one of those files asked from now on is
     /// the leader's answer after the drop, and is cached; grants asked before never are.
-    /// Those no grant call can still be answering (`max_call` after) are forgotten.
-    pub fn release_told(&self, released: &[CapRef], max_call: Duration) {
+    pub fn release_told(&self, released: &[CapRef]) {
         let mut t = self.lock();
         let epoch = t.next_forget();
         let now = Instant::now();
         for r in released {
-            if t.recalled.get(&r.ino) == Some(&u64::MAX) {
+            if t.recalled.get(&r.ino).is_some_and(|&(seq, _)| seq == u64::MAX) {
                 t.recalled.remove(&r.ino);
                 t.released_at.insert(r.ino, (epoch, now));
             }
-        }
-        if t.released_at.len() > RELEASED_SWEEP {
-            t.released_at.retain(|_, &mut (_, at)| now.duration_since(at) < max_call);
         }
         drop(t);
         self.told.notify_waiters();
@@ -672,7 +685,7 @@ impl Caps {
             let told = self.told.notified();
             tokio::pin!(told);
             told.as_mut().enable();
-            if self.lock().recalled.get(&ino) != Some(&u64::MAX) {
+            if self.lock().recalled.get(&ino).is_none_or(|&(seq, _)| seq != u64::MAX) {
                 return;
             }
             told.await;
@@ -742,24 +755,28 @@ impl Caps {
         (held.collect(), t.term)
     }
 
-    /// Notes the term a poll answer named, and advances the use clock.
-    fn learn_term(&self, term: u64) {
+    /// Notes the term a poll answer named, advances the use clock, and sweeps what is
+    /// no longer needed ([`Table::sweep`]).
+    fn polled(&self, term: u64, max_call: Duration) {
         let mut t = self.lock();
         t.term = t.term.max(term);
         t.tick += 1;
+        t.sweep(Instant::now(), max_call);
     }
 
     /// Starts recalling `r`: later operations on the inode run uncapped. Returns the cap
     /// it takes away, if this client still had it.
     fn begin_recall(&self, r: CapRef) -> Option<Held> {
         let mut t = self.lock();
-        let recalled = t.recalled.entry(r.ino).or_insert(0);
+        let now = Instant::now();
+        let (recalled, at) = t.recalled.entry(r.ino).or_insert((0, now));
         // Every grant or change waiting on this holder queues its own recall, so one grant
         // can be recalled more than once: a repeat must not reopen the uncapped window
         // after an ack (the leader may have granted the cap elsewhere by then), and drops
         // only a grant it names.
         let repeated = r.seq <= *recalled;
         *recalled = (*recalled).max(r.seq);
+        *at = now;
         if repeated {
             return match t.held.get(&r.ino) {
                 Some(h) if h.seq <= r.seq => t.held.remove(&r.ino),
@@ -776,10 +793,6 @@ impl Caps {
         // lock, so there is no cycle to avoid (invariant 24).
         let expires_all = self.kernel.get().is_some_and(|k| k.can_expire_all_names());
         if held.kernel_names && !held.names.is_empty() && !expires_all {
-            let now = Instant::now();
-            if t.busy.len() >= BUSY_DIRS_SWEEP {
-                t.busy.retain(|_, until| *until > now);
-            }
             t.busy.insert(r.ino, now + BUSY_DIR_FOR);
         }
         Some(held)
@@ -1418,7 +1431,7 @@ mod tests {
         let asked_before = caps.epoch();
         let told = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            caps.release_told(&released, Duration::from_secs(10));
+            caps.release_told(&released);
         };
         let asked_after = async {
             caps.until_release_told(gone).await;
@@ -1430,6 +1443,44 @@ mod tests {
         let fresh = shared(attr(gone), cap_seq(1, 10), 0, asked_after);
         assert!(caps.store(&fresh, None), "asked after the leader was told");
         assert!(caps.cached_attr(gone).is_some());
+    }
+
+    /// A long-lived mount forgets what no answer or recall can still need: a recalled
+    /// sequence, once no grant call asked before the recall can be answering, and a gate
+    /// nobody holds. Before, each inode ever recalled or used kept an entry for good.
+    /// A cap dropped here stays marked until the leader is told, however long that takes.
+    #[test]
+    fn what_no_call_can_still_need_is_swept() {
+        let caps = holding_dir();
+        let (recalled, gone, used) = (InodeId(2), InodeId(3), InodeId(4));
+        assert!(caps.store(&shared(attr(recalled), cap_seq(1, 2), 0, 0), None));
+        assert!(caps.begin_recall(CapRef { ino: recalled, seq: cap_seq(1, 2) }).is_some());
+        assert!(caps.record_change(DIR, b"g", Change::Created(attr(gone))).is_some());
+        let removed =
+            Change::Removed { child: gone, dir: false, at: Timestamp::now(), keep: false };
+        assert!(caps.record_change(DIR, b"g", removed).is_some());
+        let held_gate = caps.gate(DIR);
+        drop(caps.gate(used));
+        let max_call = Duration::from_secs(10);
+        let now = Instant::now();
+        let kept = |caps: &Caps| {
+            let t = caps.lock();
+            let mut recalled: Vec<_> = t.recalled.keys().copied().collect();
+            let mut gates: Vec<_> = t.gates.keys().copied().collect();
+            recalled.sort();
+            gates.sort();
+            (recalled, gates)
+        };
+        caps.lock().sweep(now, max_call);
+        assert_eq!(kept(&caps), (vec![recalled, gone], vec![DIR]), "only unheld gates go at once");
+        drop(caps.gate(used));
+        caps.lock().sweep(now + max_call / 2, max_call);
+        assert_eq!(kept(&caps), (vec![recalled, gone], vec![DIR, used]), "once per max_call");
+        caps.lock().sweep(now + max_call * 2, max_call);
+        assert_eq!(kept(&caps), (vec![gone], vec![DIR]), "the recall is old");
+        let late = shared(attr(gone), cap_seq(1, 9), 0, caps.epoch());
+        assert!(!caps.store(&late, None), "the leader is not told yet");
+        drop(held_gate);
     }
 
     /// A call that changes a link count makes the client forget the inode's attributes;
