@@ -6,26 +6,12 @@
 #
 #   bench/seq.sh [SIZE_MIB] [REPS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/deps.sh
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+source "$(dirname "$0")/lib.sh"
 size_mib=${1:-1024}
 reps=${2:-3}
-cargo build --release --quiet --bin stoa
-
-tmp=$(mktemp -d /tmp/stoa-bench.XXXXXX)
-mkdir -p "$tmp/mnt" "$tmp/local"
-target/release/stoa dev --dir "$tmp/cluster" --mount "$tmp/mnt" >"$tmp/dev.log" 2>&1 &
-dev=$!
-# Under set -e a failing step would end the trap early: a dead dev left its temp dir.
-cleanup() {
-    kill "$dev" 2>/dev/null || true
-    wait "$dev" 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-for _ in $(seq 600); do mountpoint -q "$tmp/mnt" && break; sleep 0.2; done
-mountpoint -q "$tmp/mnt" || { cat "$tmp/dev.log"; exit 1; }
+bench_setup seq
+mkdir -p "$tmp/local"
+stoa_up "$tmp/cluster" "$tmp/mnt" 3 3
 
 # Prints MiB/s of: dd ARGS...
 rate() {
@@ -39,12 +25,15 @@ rate() {
 # Incompressible source data, in memory so that making it costs nothing in the timing.
 src=/dev/shm/stoa-bench-src.$$
 head -c "$((size_mib << 20))" /dev/urandom >"$src"
-trap 'cleanup; rm -f "$src"' EXIT
+on_exit "rm -f '$src'"
 
 run() {
     local dir=$1 w r
+    # Three replicas and the client's pages: up to four copies in page cache.
+    warm_memory $((4 * size_mib))
     w=$(rate if="$src" of="$dir/seq.bin" conv=fsync)
     sync; echo 3 >/proc/sys/vm/drop_caches
+    warm_memory $((4 * size_mib))
     r=$(rate if="$dir/seq.bin" of=/dev/null)
     rm -f "$dir/seq.bin"
     echo "$w $r"
