@@ -259,35 +259,27 @@ impl Client {
 
     /// Closes a handle: flushes its file and reports the first write error. The last
     /// handle of a file tells meta, which deletes the file if it has no names left and
-    /// nobody else has it open; that release is queued for the batch sender, off the
-    /// close's critical path. A handle of an expired session answers `EIO`.
+    /// nobody else has it open; that call is made in the background, off the close's
+    /// critical path. A handle of an expired session answers `EIO`.
     pub async fn release(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handles.lock().expect("handles lock poisoned").remove(&fh.0);
         let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
         let file = handle.file.clone();
         let flushed = file.close(&self.sh, &handle.errors).await;
-        let last_in_old_session = {
+        let last = {
             let mut meta_open = file.meta_open.lock().await;
             file.lock().opens -= 1;
             match &mut *meta_open {
                 Some(m) if m.session == handle.session => {
                     m.handles -= 1;
-                    let current = m.session == self.sh.session.id();
-                    if m.handles == 0 && current {
-                        // Queued here, in order with this client's namespace changes (a
-                        // create of this file may still be on its way) and batched with
-                        // them; the sender lets go of the file's state once it is sent
-                        // (`Shared::release_sent`), with no task of its own per close.
-                        m.release = Some(self.queue_release(file.ino));
-                    }
-                    m.handles == 0 && !current
+                    m.handles == 0
                 }
                 _ => false,
             }
         };
-        if last_in_old_session {
+        if last {
             let client = self.clone();
-            tokio::spawn(async move { client.release_in_old_session(file).await });
+            tokio::spawn(async move { client.release_in_meta(file).await });
         } else {
             self.sh.forget_if_unused(file.ino);
         }
@@ -297,20 +289,40 @@ impl Client {
         flushed
     }
 
-    /// Tells meta that this client closed its last handle of `file`, opened in a session
-    /// meta has since expired (one opened in the current session has its release queued
-    /// by [`Client::release`]), unless it opened the file again meanwhile. A failure is
-    /// logged, not returned: the application's close succeeded, and meta releases the
-    /// file when the session ends.
-    async fn release_in_old_session(&self, file: Arc<FileState>) {
-        {
+    /// Tells meta that this client closed its last handle of `file`, unless it opened
+    /// the file again meanwhile (then meta's open simply continues). In the current
+    /// session the release is queued in order with this client's namespace changes (a
+    /// create of this file may still be on its way) and batched with them, and an open
+    /// before it leaves takes it back. A failure is logged, not returned: the
+    /// application's close succeeded, and meta releases the file when the session ends.
+    async fn release_in_meta(&self, file: Arc<FileState>) {
+        let queued = {
             let mut meta_open = file.meta_open.lock().await;
-            if let Some(m) = meta_open.filter(|m| m.handles == 0 && m.release.is_none()) {
-                let op = MetaOp::Release { ino: file.ino };
-                match self.sh.session.call_in(m.session, op).await {
-                    Ok(_) | Err(FsError::SessionExpired) => {}
-                    Err(e) => tracing::warn!("releasing inode {} at meta failed: {e}", file.ino),
+            match *meta_open {
+                Some(m) if m.handles == 0 && m.release.is_none() => {
+                    if m.session == self.sh.session.id() {
+                        let number = self.queue_release(file.ino);
+                        *meta_open = Some(MetaOpen { release: Some(number), ..m });
+                        Some(number)
+                    } else {
+                        let op = MetaOp::Release { ino: file.ino };
+                        match self.sh.session.call_in(m.session, op).await {
+                            Ok(_) | Err(FsError::SessionExpired) => {}
+                            Err(e) => {
+                                tracing::warn!("releasing inode {} at meta failed: {e}", file.ino)
+                            }
+                        }
+                        *meta_open = None;
+                        None
+                    }
                 }
+                _ => None,
+            }
+        };
+        if let Some(number) = queued {
+            self.sh.session.backlog.wait(number).await;
+            let mut meta_open = file.meta_open.lock().await;
+            if meta_open.is_some_and(|m| m.release == Some(number)) {
                 *meta_open = None;
             }
         }
@@ -569,30 +581,6 @@ impl Shared {
     /// The state of `ino` if this client has it open or busy.
     pub fn open_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
         self.files.lock().expect("files lock poisoned").get(&ino).cloned()
-    }
-
-    /// Meta has this client's queued release `number` of file `ino`, or it failed (then
-    /// meta releases the file when the session ends): unless the file was opened again
-    /// meanwhile, meta no longer has it open for this client, and its state may go.
-    pub(crate) fn release_sent(self: &Arc<Self>, ino: InodeId, number: u64) {
-        let Some(file) = self.open_file(ino) else { return };
-        let clear = move |meta_open: &mut Option<MetaOpen>| {
-            if meta_open.is_some_and(|m| m.release == Some(number)) {
-                *meta_open = None;
-            }
-        };
-        let Ok(mut meta_open) = file.meta_open.try_lock() else {
-            // An open holds it, maybe waiting for this very batch (`register_open`).
-            let sh = self.clone();
-            tokio::spawn(async move {
-                clear(&mut *file.meta_open.lock().await);
-                sh.forget_if_unused(ino);
-            });
-            return;
-        };
-        clear(&mut meta_open);
-        drop(meta_open);
-        self.forget_if_unused(ino);
     }
 
     /// Drops the state of `ino` once no handle uses it and nothing is in flight.

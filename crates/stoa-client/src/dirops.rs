@@ -609,11 +609,6 @@ async fn send(sh: Arc<Shared>, lane: Lane) {
             }
         }
         log.done(last);
-        for q in &live {
-            if let Op::Change(BatchOp::Release { ino }) = q.op {
-                sh.release_sent(ino, q.number);
-            }
-        }
     }
 }
 
