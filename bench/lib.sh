@@ -34,18 +34,19 @@ need_apt() {
     }
 }
 
-# warm_memory MIB: fills MIB of page cache (at most half the memory available) with a
-# file under $tmp and deletes it unwritten, just before a timed phase that fills page
-# cache. A virtual machine's host takes back memory the guest freed a few seconds
+# warm_memory MIB: just before a timed phase that moves a file of MIB through a
+# replicated system, fills four times that of page cache (three replicas and the
+# client's pages; at most half the memory available) with a file under $tmp and deletes
+# it unwritten. A virtual machine's host takes back memory the guest freed a few seconds
 # before, and the guest's next use of it faults into the host on every page: on this
 # project's VM a 3 GiB dd into a file ran at 510 MB/s after 15 s idle and at 4.5 GB/s
 # right after another, and a 256 MiB fio write through `stoa dev` at 228-248 MiB/s
 # cold against 345-458 warmed (2026-12-06). Without it a phase measured the host's
 # memory as much as the system, and each system paid for the idle time before it.
 warm_memory() {
-    local avail
+    local want=$((4 * $1)) avail
     avail=$(awk '/^MemAvailable:/ {print int($2 / 2048)}' /proc/meminfo)
-    dd if=/dev/zero of="$tmp/warm" bs=1M count="$(( $1 < avail ? $1 : avail ))" status=none
+    dd if=/dev/zero of="$tmp/warm" bs=1M count="$(( want < avail ? want : avail ))" status=none
     rm -f "$tmp/warm"
 }
 

@@ -378,12 +378,11 @@ data_workloads() {
     local ws=() rs=()
     for r in $(seq "$reps"); do
         echo "bench: $sys: seq write/read ${seq_mib} MiB ($r/$reps)" >&2
-        # Three replicas and the client's pages: up to four copies in page cache.
-        warm_memory $((4 * seq_mib))
+        warm_memory "$seq_mib"
         fio_run "$dir" seq --filename=seq.bin --rw=write --bs=1M --size="${seq_mib}M" --end_fsync=1 --ioengine=psync
         ws+=("$(fio_figure "$tmp/fio.json" wbw)")
         drop_caches "$sys"
-        warm_memory $((4 * seq_mib))
+        warm_memory "$seq_mib"
         fio_run "$dir" seq --filename=seq.bin --rw=read --bs=1M --size="${seq_mib}M" --ioengine=psync
         rs+=("$(fio_figure "$tmp/fio.json" rbw)")
         rm -f "$dir/seq.bin"

@@ -29,11 +29,10 @@ on_exit "rm -f '$src'"
 
 run() {
     local dir=$1 w r
-    # Three replicas and the client's pages: up to four copies in page cache.
-    warm_memory $((4 * size_mib))
+    warm_memory "$size_mib"
     w=$(rate if="$src" of="$dir/seq.bin" conv=fsync)
     sync; echo 3 >/proc/sys/vm/drop_caches
-    warm_memory $((4 * size_mib))
+    warm_memory "$size_mib"
     r=$(rate if="$dir/seq.bin" of=/dev/null)
     rm -f "$dir/seq.bin"
     echo "$w $r"
