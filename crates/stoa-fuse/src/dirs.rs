@@ -7,9 +7,68 @@
 //! removed while a reader walks the directory never shift the offsets it already holds.
 //! A request before the kept entries (`seekdir` back) lists again from the start; a
 //! rewind to offset 0 starts a fresh listing.
+//!
+//! Each open handle also keeps the directory's attributes as they were when it was
+//! opened. A directory removed while a handle holds it open is gone from meta, but the
+//! handle still names it: `fstat` through it answers those attributes with no links,
+//! and a listing through it ends at once, as on a local disk.
 
-use std::collections::VecDeque;
-use stoa_client::{Client, DirEntry, FsError, InodeId};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use stoa_client::{Attr, Client, DirEntry, FsError, InodeId};
+
+/// The stream of one open handle, shared by the kernel's requests on it.
+pub type Stream = Arc<tokio::sync::Mutex<DirStream>>;
+
+/// The directory handles the kernel holds open.
+pub struct OpenDirs {
+    by_handle: Mutex<HashMap<u64, OpenDir>>,
+    next: AtomicU64,
+}
+
+struct OpenDir {
+    /// The directory's attributes when the handle was opened.
+    attr: Attr,
+    stream: Stream,
+}
+
+impl Default for OpenDirs {
+    fn default() -> OpenDirs {
+        OpenDirs { by_handle: Mutex::new(HashMap::new()), next: AtomicU64::new(1) }
+    }
+}
+
+impl OpenDirs {
+    /// A new handle on the directory with attributes `attr`; `seen_lost` as in
+    /// [`DirStream::seen_lost`].
+    pub fn open(&self, attr: Attr, seen_lost: u64) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let stream = Arc::new(tokio::sync::Mutex::new(DirStream::new(attr.ino, seen_lost)));
+        self.handles().insert(id, OpenDir { attr, stream });
+        id
+    }
+
+    pub fn stream(&self, handle: u64) -> Option<Stream> {
+        self.handles().get(&handle).map(|d| d.stream.clone())
+    }
+
+    pub fn close(&self, handle: u64) {
+        self.handles().remove(&handle);
+    }
+
+    /// The attributes of `ino`, a directory meta no longer has, if a handle still holds
+    /// it open: those of its open, with no links.
+    pub fn removed(&self, ino: InodeId) -> Option<Attr> {
+        let handles = self.handles();
+        let open = handles.values().find(|d| d.attr.ino == ino)?;
+        Some(Attr { nlink: 0, ..open.attr.clone() })
+    }
+
+    fn handles(&self) -> std::sync::MutexGuard<'_, HashMap<u64, OpenDir>> {
+        self.by_handle.lock().expect("open directories lock poisoned")
+    }
+}
 
 /// Entries fetched from meta in the first page: most directories fit in it whole.
 const FIRST_PAGE_ENTRIES: u32 = 1024;

@@ -5,7 +5,7 @@
 
 use crate::attr::{errno, file_attr, missing_attr, set_time, BLOCK_SIZE_BYTES};
 use crate::caller::{Call, Creds};
-use crate::dirs::DirStream;
+use crate::dirs::{OpenDirs, Stream};
 use crate::ids::KernelIds;
 use crate::locks::LockBook;
 use crate::names::KernelNames;
@@ -17,13 +17,11 @@ use fuser::{
     ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
     TimeOrNow, WriteFlags,
 };
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use std::time::{Duration, SystemTime};
@@ -85,8 +83,7 @@ pub struct StoaFs {
     locks: Arc<LockBook>,
     /// The requests waiting now, for the report of slow ones (`slow.rs`).
     waiting: Arc<Waiting>,
-    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
-    next_dir: AtomicU64,
+    dirs: Arc<OpenDirs>,
     /// Whether opens for writing use direct I/O (the kernel allows shared mappings of
     /// such files only since Linux 6.6, with `FUSE_DIRECT_IO_ALLOW_MMAP`).
     direct_writes: bool,
@@ -100,11 +97,11 @@ impl StoaFs {
         ids: Arc<KernelIds>,
         waiting: Arc<Waiting>,
     ) -> StoaFs {
-        let (dirs, next_dir) = (Mutex::new(HashMap::new()), AtomicU64::new(1));
+        let dirs = Arc::new(OpenDirs::default());
         let locks = Arc::new(LockBook::default());
         let names = Arc::new(KernelNames::default());
         let direct_writes = false;
-        StoaFs { client, rt, kernel, names, ids, locks, waiting, dirs, next_dir, direct_writes }
+        StoaFs { client, rt, kernel, names, ids, locks, waiting, dirs, direct_writes }
     }
 
     /// The inode of the kernel's node `i`.
@@ -139,8 +136,8 @@ impl StoaFs {
         run_here_first(&self.rt, Box::pin(op(self.client.clone())), count);
     }
 
-    fn dir(&self, fh: FileHandle) -> Option<Arc<tokio::sync::Mutex<DirStream>>> {
-        self.dirs.lock().expect("dirs lock poisoned").get(&fh.0).cloned()
+    fn dir(&self, fh: FileHandle) -> Option<Stream> {
+        self.dirs.stream(fh.0)
     }
 }
 
@@ -603,8 +600,16 @@ impl Filesystem for StoaFs {
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let inode = self.ino(i);
+        let dirs = self.dirs.clone();
         self.spawn(|c| async move {
-            reply_attr(reply, i, "getattr", c.getattr_cached(inode).await);
+            match c.getattr_cached(inode).await {
+                // The kernel gives no handle with a directory's getattr: any handle
+                // open on it keeps it for `fstat` (dirs.rs).
+                Err(FsError::NotFound) if let Some(attr) = dirs.removed(inode) => {
+                    reply.attr(&Duration::ZERO, &file_attr(&attr, i.0));
+                }
+                r => reply_attr(reply, i, "getattr", r),
+            }
         });
     }
 
@@ -979,11 +984,17 @@ impl Filesystem for StoaFs {
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let inode = self.ino(i);
-        let id = self.next_dir.fetch_add(1, Ordering::Relaxed);
         let seen = self.client.lost_mark();
-        let stream = Arc::new(tokio::sync::Mutex::new(DirStream::new(inode, seen)));
-        self.dirs.lock().expect("dirs lock poisoned").insert(id, stream);
-        reply.opened(FileHandle(id), FopenFlags::empty());
+        let dirs = self.dirs.clone();
+        self.spawn(|c| async move {
+            match c.getattr_cached(inode).await {
+                Ok((attr, _, _pin)) => {
+                    let id = dirs.open(attr, seen);
+                    reply.opened(FileHandle(id), FopenFlags::empty());
+                }
+                Err(e) => reply.error(fail("opendir", &e)),
+            }
+        });
     }
 
     fn readdir(
@@ -1012,7 +1023,8 @@ impl Filesystem for StoaFs {
                             let node = INodeNo(ids.node(e.ino));
                             (node, crate::attr::file_type(e.kind), e.name.clone())
                         }
-                        Ok(None) => break,
+                        // Removed while open: the listing ends, as on a local disk.
+                        Ok(None) | Err(FsError::NotFound) => break,
                         Err(e) => return reply.error(fail("readdir", &e)),
                     },
                 };
@@ -1033,7 +1045,7 @@ impl Filesystem for StoaFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.dirs.lock().expect("dirs lock poisoned").remove(&h.0);
+        self.dirs.close(h.0);
         reply.ok();
     }
 
@@ -1291,7 +1303,7 @@ impl Filesystem for StoaFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
     use std::task::Poll;
 

@@ -571,11 +571,7 @@ def op_in_held_dir(n, m, p, s):
         expect(label, want, got)
     else:
         # A removed directory lists empty (glibc takes the kernel's ENOENT for its end).
-        # Known limit (caps.md): on a mount, fstat of a removed directory is ENOENT, and
-        # so is a listing through its handle (os.listdir stats it first).
         def want():
-            if inodes[ino].get("gone") and A != B:
-                raise Err(errno.ENOENT)
             return [] if inodes[ino].get("gone") else sorted(inodes[ino]["entries"])
 
         expect(label, want, lambda: sorted(os.listdir(dfd)))

@@ -6,6 +6,7 @@ mod common;
 use common::{pattern, sh, statvfs, Dev, Mount};
 use std::ffi::CString;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -91,7 +92,53 @@ fn directories(m: &Path) {
     std::fs::remove_dir_all(&d).unwrap();
     assert!(!d.exists());
     std::fs::create_dir_all(m.join("x/y/z")).unwrap();
-    assert_eq!(std::fs::metadata(m.join("x")).unwrap().nlink(), 3);
+    let x = std::fs::metadata(m.join("x")).unwrap();
+    assert_eq!((x.nlink(), x.len(), x.blocks()), (3, 4096, 8));
+}
+
+/// A directory removed while a handle holds it open, by this mount or another: `fstat`
+/// through the handle answers with no links and size 0, and a listing through it is
+/// empty, as on a local disk.
+fn removed_directory(m: &Path, other: &Path) {
+    for (round, by) in [m, other].into_iter().enumerate() {
+        let name = format!("gone{round}");
+        std::fs::create_dir(m.join(&name)).unwrap();
+        std::fs::write(m.join(&name).join("f"), b"x").unwrap();
+        std::fs::set_permissions(m.join(&name), std::fs::Permissions::from_mode(0o751)).unwrap();
+        let dir = std::fs::File::open(m.join(&name)).unwrap();
+        std::fs::remove_file(by.join(&name).join("f")).unwrap();
+        std::fs::remove_dir(by.join(&name)).unwrap();
+        let st = dir.metadata().unwrap_or_else(|e| panic!("round {round}: fstat: {e}"));
+        assert!(st.is_dir(), "round {round}");
+        assert_eq!((st.nlink(), st.len(), st.mode() & 0o7777), (0, 0, 0o751), "round {round}");
+        let listed = listing_through(&dir);
+        assert_eq!(listed, Vec::<String>::new(), "round {round}");
+    }
+}
+
+/// The names a listing through the open directory `dir` gives, without `.` and `..`.
+fn listing_through(dir: &std::fs::File) -> Vec<String> {
+    // fdopendir takes the descriptor: it gets a copy of its own.
+    // SAFETY: dup(2) of a descriptor we hold; the stream is closed below.
+    let stream = unsafe { libc::fdopendir(libc::dup(dir.as_raw_fd())) };
+    assert!(!stream.is_null(), "fdopendir: {}", std::io::Error::last_os_error());
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: `stream` is a live stream from fdopendir.
+        let e = unsafe { libc::readdir(stream) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: readdir's entry holds a NUL-terminated name until the next call.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+        let name = name.to_string_lossy().into_owned();
+        if name != "." && name != ".." {
+            names.push(name);
+        }
+    }
+    // SAFETY: closes the stream fdopendir gave, once.
+    unsafe { libc::closedir(stream) };
+    names
 }
 
 /// Lists `dir` (`total` entries with `.` and `..`) remembering `telldir` before each
@@ -372,6 +419,7 @@ fn everyday_operations_behave_like_a_local_filesystem() {
     attributes(&m);
     let other = Mount::new(&dev, "other");
     set_id_bits(&m, &other.path.join("posix"));
+    removed_directory(&m, &other.path.join("posix"));
     preallocation(&m, &other.path.join("posix"));
     drop(other);
     mmap_and_fsync(&m);
