@@ -5,7 +5,9 @@ use crate::client::Client;
 use crate::dirops::NewInode;
 use crate::session::unexpected;
 use stoa_proto::{CapMode, MetaOp, MetaResponse};
-use stoa_types::{validate_name, Attr, DirEntry, FileKind, FsError, InodeId, SetAttr, StatFs};
+use stoa_types::{
+    validate_name, validate_xattr_name, Attr, DirEntry, FileKind, FsError, InodeId, SetAttr, StatFs,
+};
 
 /// Who creates an object and with which permission bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,14 +287,25 @@ impl Client {
         }
     }
 
+    /// The value of xattr `name` of `ino`: from the xattrs a grant brought while the cap
+    /// is held, else from meta.
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        if let Some(xattrs) = self.sh.caps.cached_xattrs(ino) {
+            validate_xattr_name(name)?;
+            let found = xattrs.into_iter().find(|(n, _)| n == name);
+            return found.map(|(_, value)| value).ok_or(FsError::NoAttr);
+        }
         match self.sh.session.call(MetaOp::GetXattr { ino, name: name.to_vec() }).await? {
             MetaResponse::Data(value) => Ok(value),
             other => Err(unexpected("GetXattr", &other)),
         }
     }
 
+    /// The names of the xattrs of `ino`, as [`Client::getxattr`] finds them.
     pub async fn listxattr(&self, ino: InodeId) -> Result<Vec<Vec<u8>>, FsError> {
+        if let Some(xattrs) = self.sh.caps.cached_xattrs(ino) {
+            return Ok(xattrs.into_iter().map(|(name, _)| name).collect());
+        }
         match self.sh.session.call(MetaOp::ListXattr { ino }).await? {
             MetaResponse::Names(names) => Ok(names),
             other => Err(unexpected("ListXattr", &other)),

@@ -40,7 +40,7 @@ pub use ops::locks::delegate_of;
 pub use ops::readdir::READDIR_LIMIT_MAX;
 pub use ops::rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 pub use ops::session::LEASE_MS;
-pub use ops::xattr::{XATTR_CREATE, XATTR_NAME_LEN_MAX, XATTR_REPLACE};
+pub use ops::xattr::{all as xattrs, XATTR_CREATE, XATTR_REPLACE};
 pub use store::{ChunkServerRecord, ClusterInfo, FORMAT_VERSION};
 
 use serde::{Deserialize, Serialize};

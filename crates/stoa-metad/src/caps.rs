@@ -24,7 +24,9 @@ use crate::service::Node;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use stoa_proto::{BatchOp, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
+use stoa_proto::{
+    BatchOp, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse, XATTRS_IN_GRANT_MAX,
+};
 use stoa_types::{DirEntry, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
 
@@ -740,9 +742,13 @@ pub(crate) async fn get_caps(
     let seq = grant(node, waiter, target, mode).await?;
     node.raft.linearize().await?;
     let op = MetaOp::GetAttr { ino: target };
-    let attr = match node.raft.read(move |kv| stoa_meta::read(kv, &op)).await {
-        Ok(MetaResponse::Attr(attr)) => attr,
-        Ok(other) => return Err(FsError::Protocol(format!("getattr answered {other:?}"))),
+    let read = move |kv: &_| {
+        let attr = stoa_meta::read(kv, &op)?;
+        Ok((attr, stoa_meta::xattrs(kv, target, XATTRS_IN_GRANT_MAX)?))
+    };
+    let (attr, xattrs) = match node.raft.read(read).await {
+        Ok((MetaResponse::Attr(attr), xattrs)) => (attr, xattrs),
+        Ok((other, _)) => return Err(FsError::Protocol(format!("getattr answered {other:?}"))),
         Err(e) => {
             node.caps.release(session, &[CapRef { ino: target, seq }]);
             return Err(e);
@@ -754,7 +760,7 @@ pub(crate) async fn get_caps(
     }
     let held = node.caps.lock().inodes.get(&target).and_then(|h| h.get(&session)).map(|h| h.mode);
     let mode = held.unwrap_or(mode);
-    Ok(MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version })
+    Ok(MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs })
 }
 
 /// What a mutation changes: the inodes whose cached state it changes (their exclusive

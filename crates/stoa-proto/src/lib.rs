@@ -30,7 +30,8 @@ pub use lock::{first_blocker, set_lock, LockChange};
 pub use meta::{
     cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, Commit,
     DirGrant, FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest,
-    MetaResponse, RepairProgress, SessionGrant, ANSWERS_KEPT, DEAD_INODES_MAX, GARBAGE_COUNTED,
+    MetaResponse, RepairProgress, SessionGrant, Xattrs, ANSWERS_KEPT, DEAD_INODES_MAX,
+    GARBAGE_COUNTED, XATTRS_IN_GRANT_MAX,
 };
 
 use serde::{Deserialize, Serialize};
@@ -54,7 +55,8 @@ use stoa_types::FsError;
 /// 9: chunk writes say whether they are durable (a `Sync` of their chunk as well);
 /// `BatchOp::SetAttr`.
 /// 10: `BatchOp::SetAttr` may set times.
-pub const PROTOCOL_VERSION: u8 = 10;
+/// 11: grants carry the inode's xattrs ([`meta::XATTRS_IN_GRANT_MAX`]).
+pub const PROTOCOL_VERSION: u8 = 11;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -324,6 +324,14 @@ pub enum MetaOp {
 /// The most inodes one [`MetaOp::DeadInodes`] may ask about.
 pub const DEAD_INODES_MAX: usize = 4096;
 
+/// Xattrs, names and values, in name order.
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The most bytes of xattr names and values a grant carries ([`MetaResponse::Caps`]):
+/// enough for the few short ones files have, if any; an inode with more has its xattr
+/// calls go to meta.
+pub const XATTRS_IN_GRANT_MAX: usize = 4096;
+
 /// How far past its oldest unanswered request a session may number a new one. Meta
 /// keeps the answers of a session's last this many request ids at least (until
 /// [`MetaOp::ForgetAnswers`]), so a retry of any request a client still waits for is
@@ -558,13 +566,16 @@ pub enum MetaResponse {
     },
     /// A grant: `mode` on `attr.ino` as of `seq`, and for a lookup `Shared` on the
     /// directory as of `dir_seq`, with the directory's version then (both 0 otherwise).
-    /// `attr` is read after every conflicting holder let go.
+    /// `attr` and `xattrs` (every xattr of the inode, by name, unless they take more
+    /// than [`XATTRS_IN_GRANT_MAX`] bytes) are read after every conflicting holder let
+    /// go; the holder may answer xattr calls from them while it holds the cap.
     Caps {
         attr: Attr,
         mode: CapMode,
         seq: u64,
         dir_seq: u64,
         dir_version: u64,
+        xattrs: Option<Xattrs>,
     },
     /// Recalls queued for the polling session (empty when the hold ran out first), and
     /// the leader's term.

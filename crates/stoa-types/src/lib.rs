@@ -21,6 +21,12 @@ pub const NAME_LEN_MAX: usize = 255;
 pub const PATH_LEN_MAX: usize = 4096;
 /// Largest xattr value, in bytes (as on Linux).
 pub const XATTR_VALUE_LEN_MAX: usize = 64 * 1024;
+/// Longest xattr name, in bytes (as on Linux).
+pub const XATTR_NAME_LEN_MAX: usize = 255;
+/// The namespaces an xattr name may be in. `system.` holds what a filesystem interprets
+/// (POSIX ACLs), which Stoa does not, so it is refused as a local disk refuses a
+/// namespace it has no handler for.
+const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// Bytes of file data covered by one CRC32C on a chunk server.
 pub const BLOCK_SIZE_BYTES: u32 = 4096;
 /// Default size of one chunk of file data.
@@ -42,6 +48,23 @@ pub fn validate_name(name: &[u8]) -> Result<(), FsError> {
     Ok(())
 }
 
+/// Checks that `name` can name an xattr: `ERANGE` for an empty or over-long one, as
+/// Linux answers, `EOPNOTSUPP` outside [`XATTR_NAMESPACES`], and a namespace alone is
+/// invalid. Meta checks every call with it, and a mount answering from its cache the
+/// same way.
+pub fn validate_xattr_name(name: &[u8]) -> Result<(), FsError> {
+    if name.is_empty() || name.len() > XATTR_NAME_LEN_MAX {
+        return Err(FsError::Range);
+    }
+    match XATTR_NAMESPACES.iter().find(|ns| name.starts_with(ns)) {
+        None => Err(FsError::NotSupported),
+        Some(ns) if name.len() == ns.len() => {
+            Err(FsError::Invalid("an xattr name needs more than its namespace".into()))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +77,16 @@ mod tests {
         for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
             assert!(matches!(validate_name(bad), Err(FsError::Invalid(_))));
         }
+    }
+
+    #[test]
+    fn xattr_names_are_checked() {
+        for good in [&b"user.a"[..], b"trusted.x", b"security.selinux"] {
+            assert_eq!(validate_xattr_name(good), Ok(()));
+        }
+        assert_eq!(validate_xattr_name(b""), Err(FsError::Range));
+        assert_eq!(validate_xattr_name(&[b'u'; 256]), Err(FsError::Range));
+        assert_eq!(validate_xattr_name(b"system.posix_acl_access"), Err(FsError::NotSupported));
+        assert!(matches!(validate_xattr_name(b"user."), Err(FsError::Invalid(_))));
     }
 }

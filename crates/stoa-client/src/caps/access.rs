@@ -81,8 +81,8 @@ impl Client {
         let sent = Instant::now();
         let epoch = self.sh.caps.epoch();
         let grant = match self.sh.session.call_leader(op, grant_call_max(&self.sh)).await? {
-            MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version } => {
-                Grant { attr, mode, seq, dir_seq, dir_version, sent: epoch }
+            MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs } => {
+                Grant { attr, mode, seq, dir_seq, dir_version, xattrs, sent: epoch }
             }
             other => return Err(unexpected("GetCaps", &other)),
         };

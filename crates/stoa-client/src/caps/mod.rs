@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse};
+use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse, Xattrs};
 use stoa_types::{
     Attr, DirEntry, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp, NAME_LEN_MAX,
 };
@@ -101,6 +101,9 @@ struct Held {
     /// the cap if the inode changed since (caps.md, invariant 8).
     since: u64,
     attr: Option<Attr>,
+    /// Every xattr of the inode, as its grant brought them, while `attr` is kept: any
+    /// change of them elsewhere recalls the cap, and one made here forgets `attr`.
+    xattrs: Option<Xattrs>,
     /// Names looked up in this directory under the cap, and their inodes.
     names: HashMap<Vec<u8>, InodeId>,
     /// Whether the kernel may cache one of `names` past this moment: one was handed to
@@ -128,6 +131,7 @@ impl Held {
     /// Drops the cached attributes at forget `now` ([`Table::next_forget`]).
     fn forget_attr(&mut self, now: u64) {
         self.attr = None;
+        self.xattrs = None;
         self.forgotten = now;
     }
 }
@@ -373,6 +377,14 @@ impl Caps {
         Some((attr, left.min(KERNEL_TTL_MAX)))
     }
 
+    /// The xattrs of `ino` its grant brought, under a usable cap with its attributes.
+    pub fn cached_xattrs(&self, ino: InodeId) -> Option<Xattrs> {
+        let mut t = self.lock();
+        Caps::remaining(&t)?;
+        let h = Caps::usable(&mut t, ino)?;
+        h.attr.as_ref().and(h.xattrs.clone())
+    }
+
     /// The inode cached for `name` in `parent`, under a usable cap on the directory.
     pub fn cached_name(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
         Caps::usable(&mut self.lock(), parent)?.names.get(name).copied()
@@ -564,7 +576,10 @@ impl Caps {
                 let mode = CapMode::Exclusive;
                 let used = t.tick;
                 let since = attr.version;
-                let held = Held { mode, since, attr: Some(attr), listing, used, ..empty_held() };
+                // Made here just now: it has no xattrs, and only a call of this client's
+                // can give it some until another session recalls the cap.
+                let (attr, xattrs) = (Some(attr), Some(Vec::new()));
+                let held = Held { mode, since, attr, xattrs, listing, used, ..empty_held() };
                 t.held.insert(ino, held);
             }
             Change::Removed { child, at, keep, .. } => match keep {
@@ -712,7 +727,9 @@ impl Caps {
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
             h.used = used;
-            keep_newest(h, &grant.attr, grant.sent);
+            if keep_newest(h, &grant.attr, grant.sent) {
+                h.xattrs = grant.xattrs.clone();
+            }
             stored = true;
         }
         if let Some((parent, name)) = dir {
@@ -874,10 +891,14 @@ pub(crate) enum Change {
 /// newer version or the attributes were forgotten after the call was sent: answers from
 /// meta (a grant, a commit) can arrive in another order than meta gave them, and once
 /// forgotten nothing cached is left to compare a version with.
-fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) {
-    if h.forgotten <= sent && h.attr.as_ref().is_none_or(|c| c.version <= attr.version) {
+/// Keeps `attr`, from the answer to a call sent at `sent`, unless what is cached is newer
+/// or was forgotten after the call was sent. Returns whether it was kept.
+fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) -> bool {
+    let newer = h.forgotten <= sent && h.attr.as_ref().is_none_or(|c| c.version <= attr.version);
+    if newer {
         h.attr = Some(attr.clone());
     }
+    newer
 }
 
 /// A grant from the leader.
@@ -888,6 +909,7 @@ struct Grant {
     /// The directory's grant, for a lookup, and the directory's version then.
     dir_seq: u64,
     dir_version: u64,
+    xattrs: Option<Xattrs>,
     /// The [`Caps::epoch`] the grant was asked for at.
     sent: u64,
 }
@@ -898,6 +920,7 @@ fn empty_held() -> Held {
         seq: 0,
         since: 0,
         attr: None,
+        xattrs: None,
         names: HashMap::new(),
         kernel_names: false,
         kernel_missing: false,
@@ -946,12 +969,36 @@ mod tests {
 
     /// A `Shared` grant of `attr` (of a lookup, when `dir_seq` is not 0).
     fn shared(attr: Attr, seq: u64, dir_seq: u64, sent: u64) -> Grant {
-        Grant { attr, mode: CapMode::Shared, seq, dir_seq, dir_version: 0, sent }
+        Grant { attr, mode: CapMode::Shared, seq, dir_seq, dir_version: 0, xattrs: None, sent }
     }
 
     fn looked_up(caps: &Caps, name: &[u8], child: InodeId, seq: u64, dir_seq: u64) {
         let grant = shared(attr(child), seq, dir_seq, 0);
         assert!(caps.store(&grant, Some((DIR, name))));
+    }
+
+    /// The xattrs a grant brought answer while the cap and its attributes are kept: not
+    /// after this client's own change forgot them (its setxattr), nor from a grant asked
+    /// for before that, nor after a recall.
+    #[test]
+    fn xattrs_a_grant_brought_answer_until_forgotten_or_recalled() {
+        const X: InodeId = InodeId(5);
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let xattrs = vec![(b"user.a".to_vec(), b"1".to_vec())];
+        let grant =
+            |seq, sent| Grant { xattrs: Some(xattrs.clone()), ..shared(attr(X), seq, 0, sent) };
+        assert!(caps.store(&grant(cap_seq(1, 1), 0), None));
+        assert_eq!(caps.cached_xattrs(X), Some(xattrs.clone()));
+        let before = caps.epoch();
+        caps.forget(&[X], &[]);
+        assert_eq!(caps.cached_xattrs(X), None);
+        assert!(caps.store(&grant(cap_seq(1, 2), before), None));
+        assert_eq!(caps.cached_xattrs(X), None, "a grant asked for before the forget");
+        assert!(caps.store(&grant(cap_seq(1, 3), caps.epoch()), None));
+        assert_eq!(caps.cached_xattrs(X), Some(xattrs.clone()));
+        assert!(caps.begin_recall(CapRef { ino: X, seq: cap_seq(1, 3) }).is_some());
+        assert_eq!(caps.cached_xattrs(X), None);
     }
 
     /// A reassertion names, for each cap, the inode's version when this client began
@@ -965,7 +1012,15 @@ mod tests {
         caps.renewed(Instant::now(), Duration::from_secs(10));
         let grant = |version, seq, dir_seq| {
             let attr = Attr { version, ..attr(X) };
-            Grant { attr, mode: CapMode::Shared, seq, dir_seq, dir_version: 7, sent: 0 }
+            Grant {
+                attr,
+                mode: CapMode::Shared,
+                seq,
+                dir_seq,
+                dir_version: 7,
+                xattrs: None,
+                sent: 0,
+            }
         };
         let version_of = |ino| {
             let (held, _) = caps.held_list();

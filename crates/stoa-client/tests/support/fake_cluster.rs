@@ -376,7 +376,7 @@ impl Handler {
                 let seq = st.cap_seq;
                 st.granted.insert(ino, seq);
                 let attr = st.attrs.get(&ino).cloned().ok_or(FsError::NotFound)?;
-                MetaResponse::Caps { attr, mode, seq, dir_seq: seq, dir_version }
+                MetaResponse::Caps { attr, mode, seq, dir_seq: seq, dir_version, xattrs: None }
             }
             MetaOp::CapEvents { .. } => {
                 MetaResponse::CapEvents { recalls: std::mem::take(&mut st.recalls), term: 0 }

@@ -3,32 +3,15 @@
 
 use crate::kv::{prefix_end, KvRead, KvWrite, Table};
 use crate::store::{self, ino_key, load_inode, save_inode};
-use stoa_proto::MetaResponse;
-use stoa_types::{FsError, InodeId, Timestamp, XATTR_VALUE_LEN_MAX};
+use stoa_proto::{MetaResponse, Xattrs};
+use stoa_types::{validate_xattr_name, FsError, InodeId, Timestamp, XATTR_VALUE_LEN_MAX};
 
 /// Fail with `Exists` if the attribute is already there.
 pub const XATTR_CREATE: u32 = 1;
 /// Fail with `NoAttr` if the attribute is not there.
 pub const XATTR_REPLACE: u32 = 2;
-/// Longest attribute name, in bytes (as on Linux).
-pub const XATTR_NAME_LEN_MAX: usize = 255;
-/// The namespaces an attribute name may be in. `system.` holds what a filesystem
-/// interprets (POSIX ACLs), which Stoa does not, so it is refused as a local disk
-/// refuses a namespace it has no handler for.
-const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
-
 fn xattr_key(ino: InodeId, name: &[u8]) -> Result<Vec<u8>, FsError> {
-    // Linux answers ERANGE for an empty or over-long attribute name.
-    if name.is_empty() || name.len() > XATTR_NAME_LEN_MAX {
-        return Err(FsError::Range);
-    }
-    match XATTR_NAMESPACES.iter().find(|ns| name.starts_with(ns)) {
-        None => return Err(FsError::NotSupported),
-        Some(ns) if name.len() == ns.len() => {
-            return Err(FsError::Invalid("an xattr name needs more than its namespace".into()))
-        }
-        Some(_) => {}
-    }
+    validate_xattr_name(name)?;
     let mut key = ino_key(ino).to_vec();
     key.extend_from_slice(name);
     Ok(key)
@@ -43,10 +26,29 @@ pub(crate) fn get(kv: &impl KvRead, ino: InodeId, name: &[u8]) -> Result<MetaRes
 
 pub(crate) fn list(kv: &impl KvRead, ino: InodeId) -> Result<MetaResponse, FsError> {
     load_inode(kv, ino)?;
+    let rows = rows(kv, ino, usize::MAX)?;
+    Ok(MetaResponse::Names(rows.into_iter().map(|(name, _)| name).collect()))
+}
+
+/// Every attribute of `ino`, names and values in name order, unless there are more than
+/// `bytes_max` bytes of them.
+pub fn all(kv: &impl KvRead, ino: InodeId, bytes_max: usize) -> Result<Option<Xattrs>, FsError> {
+    // Each row holds at least a byte: more rows than bytes allowed are too many.
+    let rows = rows(kv, ino, bytes_max + 1)?;
+    let bytes: usize = rows.iter().map(|(name, value)| name.len() + value.len()).sum();
+    Ok((bytes <= bytes_max && rows.len() <= bytes_max).then_some(rows))
+}
+
+/// Up to `limit` attributes of `ino`: names and values.
+fn rows(kv: &impl KvRead, ino: InodeId, limit: usize) -> Result<Xattrs, FsError> {
     let prefix = ino_key(ino);
     let end = prefix_end(&prefix);
-    let rows = kv.scan(Table::Xattrs, &prefix, end.as_deref(), usize::MAX)?;
-    Ok(MetaResponse::Names(rows.into_iter().map(|(k, _)| k[prefix.len()..].to_vec()).collect()))
+    let rows = kv.scan(Table::Xattrs, &prefix, end.as_deref(), limit)?;
+    rows.into_iter()
+        .map(|(key, value)| {
+            Ok((key[prefix.len()..].to_vec(), store::decode(Table::Xattrs, &key, &value)?))
+        })
+        .collect()
 }
 
 pub(crate) fn set(
@@ -98,10 +100,10 @@ pub(crate) fn remove(
 
 #[cfg(test)]
 mod tests {
-    use super::{XATTR_CREATE, XATTR_NAME_LEN_MAX, XATTR_REPLACE};
+    use super::{XATTR_CREATE, XATTR_REPLACE};
     use crate::testing::{Fs, ROOT};
     use stoa_proto::{MetaOp, MetaResponse};
-    use stoa_types::{FsError, InodeId, XATTR_VALUE_LEN_MAX};
+    use stoa_types::{FsError, InodeId, XATTR_NAME_LEN_MAX, XATTR_VALUE_LEN_MAX};
 
     fn set(fs: &mut Fs, ino: InodeId, name: &str, value: &[u8], flags: u32) -> Result<(), FsError> {
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
@@ -133,6 +135,21 @@ mod tests {
         assert_eq!(get(&mut fs, a.ino, "user.z"), Err(FsError::NoAttr));
         let missing = MetaOp::ListXattr { ino: InodeId(99) };
         assert_eq!(fs.call(missing), Err(FsError::NotFound));
+    }
+
+    #[test]
+    fn all_of_an_inodes_attributes_come_in_name_order_up_to_a_size() {
+        let mut fs = Fs::new();
+        let a = fs.create(ROOT, "a").unwrap();
+        let b = fs.create(ROOT, "b").unwrap();
+        assert_eq!(super::all(&fs.kv, a.ino, 100), Ok(Some(vec![])));
+        set(&mut fs, a.ino, "user.z", b"1", 0).unwrap();
+        set(&mut fs, a.ino, "user.a", b"22", 0).unwrap();
+        set(&mut fs, b.ino, "user.b", b"x", 0).unwrap();
+        let both = vec![(b"user.a".to_vec(), b"22".to_vec()), (b"user.z".to_vec(), b"1".to_vec())];
+        // 6 + 2 + 6 + 1 bytes.
+        assert_eq!(super::all(&fs.kv, a.ino, 15), Ok(Some(both)));
+        assert_eq!(super::all(&fs.kv, a.ino, 14), Ok(None));
     }
 
     #[test]

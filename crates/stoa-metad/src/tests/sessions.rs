@@ -1,7 +1,7 @@
 //! Session leases kept by the leader, and reads served by followers.
 
 use super::*;
-use stoa_proto::{CapMode, CapRef, HeldCap};
+use stoa_proto::{CapMode, CapRef, HeldCap, XATTRS_IN_GRANT_MAX};
 use stoa_types::SetAttr;
 
 fn req(session: SessionId, req_id: u64, op: MetaOp) -> MetaRequest {
@@ -315,4 +315,37 @@ async fn a_retry_of_a_change_still_waiting_for_acks_waits_with_it() {
         assert_eq!(answer, Ok(MetaResponse::Done));
     }
     assert_eq!(cluster.server(leader).node.attempts.in_progress(), 0, "an attempt stayed");
+}
+
+/// A grant carries the inode's xattrs, read with its attributes, so that the holder can
+/// answer xattr calls from them; an inode with more than a grant carries gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_carries_the_inodes_xattrs_unless_they_are_too_many() {
+    let cluster = Cluster::start(3, test_tuning()).await;
+    cluster.leader().await;
+    let client = cluster.client_all();
+    let session = open_session(&client).await;
+    let grant = |ino| {
+        let op = MetaOp::GetCaps { ino, name: None, mode: CapMode::Shared };
+        let client = &client;
+        async move {
+            match client.call(req(session, 0, op)).await.unwrap() {
+                MetaResponse::Caps { xattrs, .. } => xattrs,
+                other => panic!("GetCaps answered {other:?}"),
+            }
+        }
+    };
+    let set = |ino, req_id, name: &str, value: Vec<u8>| {
+        let op = MetaOp::SetXattr { ino, name: name.into(), value, flags: 0 };
+        let client = &client;
+        async move { client.call(req(session, req_id, op)).await.unwrap() }
+    };
+    let ino = create(&client, session, 1, "f").await;
+    assert_eq!(grant(ino).await, Some(vec![]));
+    set(ino, 2, "user.b", b"2".to_vec()).await;
+    set(ino, 3, "user.a", b"1".to_vec()).await;
+    let both = vec![(b"user.a".to_vec(), b"1".to_vec()), (b"user.b".to_vec(), b"2".to_vec())];
+    assert_eq!(grant(ino).await, Some(both));
+    set(ino, 4, "user.big", vec![7; XATTRS_IN_GRANT_MAX]).await;
+    assert_eq!(grant(ino).await, None);
 }
