@@ -24,10 +24,11 @@ use crate::service::Node;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use stoa_meta::KvRead;
 use stoa_proto::{
-    BatchOp, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse, XATTRS_IN_GRANT_MAX,
+    BatchOp, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse, Xattrs, XATTRS_IN_GRANT_MAX,
 };
-use stoa_types::{DirEntry, FsError, InodeId, SessionId};
+use stoa_types::{Attr, DirEntry, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
 
 /// How long a poll of the events stream waits for a recall before it answers empty.
@@ -710,6 +711,15 @@ async fn grant(
 }
 
 /// Answers `GetCaps`: the grant, and the attributes read after it was registered.
+///
+/// A lookup registers two grants: `Shared` on the directory, then `mode` on the child it
+/// names. Both are registered before one linearizable read confirms what the caller is
+/// told (invariant 3): the child is picked by a first, unconfirmed read of the name, and
+/// picked again if the confirmed read names another inode (the name changed in
+/// between). A grant registered on a wrong pick stays registered: the session is then
+/// recalled once for a cap it does not have, which it acks, and nothing is lost. Before,
+/// the directory's grant was confirmed by a linearizable read of its own (a quorum round
+/// trip more per cold lookup).
 pub(crate) async fn get_caps(
     node: &Node,
     session: SessionId,
@@ -721,45 +731,92 @@ pub(crate) async fn get_caps(
     // The client's call works on the inode (a read or write holds its pages locked in
     // the kernel), or on the directory it looks a name up in.
     let waiter = Waiter { session, works_on: &[ino], refusable: true };
-    let (target, dir_seq, dir_version) = match name {
-        None => (ino, 0, 0),
-        Some(name) => {
-            // The directory's entries: Shared never conflicts on a directory, which is
-            // never granted Exclusive. Registered before the lookup reads them.
-            let dir_seq = grant(node, waiter, ino, CapMode::Shared).await?;
-            node.raft.linearize().await?;
-            let op = MetaOp::Lookup { parent: ino, name };
-            let read = move |kv: &_| {
-                let dir = stoa_meta::version(kv, ino)?.ok_or(FsError::NotFound)?;
-                Ok((dir, stoa_meta::read(kv, &op)?))
-            };
-            match node.raft.read(read).await? {
-                (dir_version, MetaResponse::Attr(attr)) => (attr.ino, dir_seq, dir_version),
-                (_, other) => return Err(FsError::Protocol(format!("lookup answered {other:?}"))),
+    let Some(name) = name else {
+        let seq = grant(node, waiter, ino, mode).await?;
+        node.raft.linearize().await?;
+        let read = node.raft.read(move |kv| attr_and_xattrs(kv, ino)).await;
+        return answer(node, session, CapRef { ino, seq }, mode, read, (0, 0));
+    };
+    // The directory's entries: Shared never conflicts on a directory, which is never
+    // granted Exclusive.
+    let dir_seq = grant(node, waiter, ino, CapMode::Shared).await?;
+    let first = {
+        let name = name.clone();
+        node.raft.read(move |kv| lookup(kv, ino, &name)).await
+    };
+    let mut pick = first.ok().map(|(_, child)| child);
+    for _ in 0..LOOKUP_PICKS_MAX {
+        let seq = match pick {
+            Some(child) => Some(grant(node, waiter, child, mode).await?),
+            None => None,
+        };
+        node.raft.linearize().await?;
+        let name = name.clone();
+        let confirmed = node.raft.read(move |kv| {
+            let (dir_version, child) = lookup(kv, ino, &name)?;
+            Ok((dir_version, child, attr_and_xattrs(kv, child)?))
+        });
+        // No such name, confirmed, fails the lookup here.
+        let (dir_version, child, read) = confirmed.await?;
+        if let (Some(seq), Some(picked)) = (seq, pick) {
+            if picked == child {
+                let granted = CapRef { ino: child, seq };
+                return answer(node, session, granted, mode, Ok(read), (dir_seq, dir_version));
             }
         }
-    };
-    let seq = grant(node, waiter, target, mode).await?;
-    node.raft.linearize().await?;
-    let op = MetaOp::GetAttr { ino: target };
-    let read = move |kv: &_| {
-        let attr = stoa_meta::read(kv, &op)?;
-        Ok((attr, stoa_meta::xattrs(kv, target, XATTRS_IN_GRANT_MAX)?))
-    };
-    let (attr, xattrs) = match node.raft.read(read).await {
-        Ok((MetaResponse::Attr(attr), xattrs)) => (attr, xattrs),
-        Ok((other, _)) => return Err(FsError::Protocol(format!("getattr answered {other:?}"))),
+        pick = Some(child);
+    }
+    // The name kept naming another inode: the kernel looks it up again.
+    Err(FsError::Stale)
+}
+
+/// How many times a lookup picks the child to register a grant on before it gives up.
+const LOOKUP_PICKS_MAX: usize = 8;
+
+/// The version of directory `dir` and the inode its entry `name` names, as a lookup
+/// finds them (no such entry: `NotFound`).
+fn lookup(kv: &impl KvRead, dir: InodeId, name: &[u8]) -> Result<(u64, InodeId), FsError> {
+    let version = stoa_meta::version(kv, dir)?.ok_or(FsError::NotFound)?;
+    match stoa_meta::read(kv, &MetaOp::Lookup { parent: dir, name: name.to_vec() })? {
+        MetaResponse::Attr(attr) => Ok((version, attr.ino)),
+        other => Err(FsError::Protocol(format!("lookup answered {other:?}"))),
+    }
+}
+
+/// The attributes of `ino` and its xattrs, as a grant carries them.
+fn attr_and_xattrs(kv: &impl KvRead, ino: InodeId) -> Result<(Attr, Option<Xattrs>), FsError> {
+    match stoa_meta::read(kv, &MetaOp::GetAttr { ino })? {
+        MetaResponse::Attr(attr) => Ok((attr, stoa_meta::xattrs(kv, ino, XATTRS_IN_GRANT_MAX)?)),
+        other => Err(FsError::Protocol(format!("getattr answered {other:?}"))),
+    }
+}
+
+/// The answer to a `GetCaps` granted as `granted`, from what was read after a
+/// linearizable read confirmed the grant; `dir` is the directory's grant and version
+/// for a lookup. A grant that cannot be answered is released.
+fn answer(
+    node: &Node,
+    session: SessionId,
+    granted: CapRef,
+    mode: CapMode,
+    read: Result<(Attr, Option<Xattrs>), FsError>,
+    (dir_seq, dir_version): (u64, u64),
+) -> Result<MetaResponse, FsError> {
+    let (attr, xattrs) = match read {
+        Ok(read) => read,
         Err(e) => {
-            node.caps.release(session, &[CapRef { ino: target, seq }]);
+            node.caps.release(session, &[granted]);
             return Err(e);
         }
     };
     if mode == CapMode::Exclusive && attr.kind != stoa_types::FileKind::File {
-        node.caps.release(session, &[CapRef { ino: target, seq }]);
+        node.caps.release(session, &[granted]);
         return Err(FsError::Invalid("only regular files take exclusive caps".into()));
     }
-    let held = node.caps.lock().inodes.get(&target).and_then(|h| h.get(&session)).map(|h| h.mode);
-    let mode = held.unwrap_or(mode);
+    let holders =
+        node.caps.lock().inodes.get(&granted.ino).and_then(|h| h.get(&session)).map(|h| h.mode);
+    let mode = holders.unwrap_or(mode);
+    let seq = granted.seq;
     Ok(MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs })
 }
 
