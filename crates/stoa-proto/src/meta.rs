@@ -242,8 +242,10 @@ pub enum MetaOp {
     /// empty after a short hold. Carries every cap the client holds, which a new leader
     /// takes as the session's reassertion, and the newest leader term the client learned
     /// from an earlier answer: a new leader counts the session's reassertion complete
-    /// only from a poll that names its term (docs/flows/caps.md, invariant 8). Renews the
-    /// session like `RenewSession`, after the leader confirmed it still leads.
+    /// only from a poll that names its term (docs/flows/caps.md, invariant 8). Once the
+    /// leader of the term named has answered a poll that carried them, `held` is empty:
+    /// that leader reads it only until the session reasserted. Renews the session like
+    /// `RenewSession`, after the leader confirmed it still leads.
     ///
     /// `poll` numbers the client's polls (a retry of one keeps its number): the leader
     /// answers a poll older than one it has seen at once and empty, and hands a retry

@@ -744,10 +744,14 @@ impl Caps {
         stored
     }
 
-    /// Every cap held and the newest leader term known, for the events stream (a new
-    /// leader takes it as reassertion).
-    fn held_list(&self) -> (Vec<HeldCap>, u64) {
+    /// The newest leader term known, and every cap held for the events stream to carry
+    /// (a new leader takes it as reassertion), or none if the leader of that term has
+    /// taken the session's reassertion already (`reasserted` names that term).
+    fn held_list(&self, reasserted: Option<u64>) -> (Vec<HeldCap>, u64) {
         let t = self.lock();
+        if reasserted == Some(t.term) {
+            return (Vec::new(), t.term);
+        }
         let held = t.held.iter().map(|(&ino, h)| HeldCap {
             ino,
             mode: h.mode,
@@ -977,6 +981,22 @@ mod tests {
         assert!(caps.store(&grant, Some((DIR, name))));
     }
 
+    /// A poll carries the caps held until the leader of the term it names has taken them
+    /// as the session's reassertion; then none, until a newer term is learnt.
+    #[test]
+    fn a_poll_carries_the_caps_until_the_leader_of_its_term_has_them() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        looked_up(&caps, b"x", InodeId(5), cap_seq(3, 1), cap_seq(3, 2));
+        caps.polled(3, Duration::from_secs(20));
+        let count = |reasserted| caps.held_list(reasserted).0.len();
+        assert_eq!(count(None), 2);
+        assert_eq!(count(Some(3)), 0, "the leader of term 3 has them");
+        assert_eq!(count(Some(2)), 2, "only a leader of an older term had them");
+        caps.polled(4, Duration::from_secs(20));
+        assert_eq!(caps.held_list(Some(3)), (caps.held_list(None).0, 4));
+    }
+
     /// The xattrs a grant brought answer while the cap and its attributes are kept: not
     /// after this client's own change forgot them (its setxattr), nor from a grant asked
     /// for before that, nor after a recall.
@@ -1023,7 +1043,7 @@ mod tests {
             }
         };
         let version_of = |ino| {
-            let (held, _) = caps.held_list();
+            let (held, _) = caps.held_list(None);
             held.iter().find(|cap| cap.ino == ino).map(|cap| cap.version)
         };
         assert!(caps.store(&grant(4, cap_seq(1, 1), cap_seq(1, 2)), Some((DIR, b"x"))));
