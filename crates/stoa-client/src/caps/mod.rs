@@ -894,9 +894,8 @@ pub(crate) enum Change {
 /// Caches `attr`, the answer to a call sent at epoch `sent`, unless what is cached is a
 /// newer version or the attributes were forgotten after the call was sent: answers from
 /// meta (a grant, a commit) can arrive in another order than meta gave them, and once
-/// forgotten nothing cached is left to compare a version with.
-/// Keeps `attr`, from the answer to a call sent at `sent`, unless what is cached is newer
-/// or was forgotten after the call was sent. Returns whether it was kept.
+/// forgotten nothing cached is left to compare a version with. Returns whether it was
+/// cached.
 fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) -> bool {
     let newer = h.forgotten <= sent && h.attr.as_ref().is_none_or(|c| c.version <= attr.version);
     if newer {
