@@ -77,6 +77,16 @@ stoa_up() {
     wait_mount "$mnt" 120 || { tail -20 "$dir.log" >&2; return 1; }
 }
 
+# stoa_mount DIR MNT: another mount of the `stoa dev` cluster in DIR, at MNT, in the
+# background (its log in MNT.log). Sets STOA_MOUNT_PID; the caller stops it.
+stoa_mount() {
+    local dir=$1 mnt=$2
+    mkdir -p "$mnt"
+    "$STOA" mount --dir "$dir" "$mnt" >"$mnt.log" 2>&1 &
+    STOA_MOUNT_PID=$!
+    wait_mount "$mnt" 60 || { tail -20 "$mnt.log" >&2; stop_pid "$STOA_MOUNT_PID"; return 1; }
+}
+
 # bench_setup NAME: builds stoa, makes a temp dir under /var/tmp that goes at exit (sets
 # `tmp`) and the results dir (sets `out`).
 bench_setup() {

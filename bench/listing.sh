@@ -29,11 +29,8 @@ bench_setup listing-bench
 
 say "starting stoa dev: 3 meta + 3 chunk, mount A, then mount B"
 stoa_up "$tmp/cluster" "$tmp/a" 3 3
-mkdir -p "$tmp/b"
-"$STOA" mount --dir "$tmp/cluster" "$tmp/b" >"$tmp/b.log" 2>&1 &
-mount_b_pid=$!
-on_exit "stop_pid $mount_b_pid; fusermount3 -uz '$tmp/b'"
-wait_mount "$tmp/b" 60 || { tail -20 "$tmp/b.log" >&2; exit 1; }
+stoa_mount "$tmp/cluster" "$tmp/b"
+on_exit "stop_pid $STOA_MOUNT_PID; fusermount3 -uz '$tmp/b'"
 
 # Seconds COMMAND... takes, its output discarded (getfattr fails on files it may not read).
 seconds() {

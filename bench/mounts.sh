@@ -41,11 +41,9 @@ say "warm-up pass (not recorded)"
 
 # B comes and goes between rounds, so drift of the machine (page cache, the chunk
 # servers' files, the load) falls on both columns alike.
-mkdir -p "$tmp/b"
 mount_b() {
-    "$STOA" mount --dir "$tmp/cluster" "$tmp/b" >"$tmp/b.log" 2>&1 &
-    MOUNT_B_PID=$!
-    wait_mount "$tmp/b" 60 || { tail -20 "$tmp/b.log" >&2; exit 1; }
+    stoa_mount "$tmp/cluster" "$tmp/b" || exit 1
+    MOUNT_B_PID=$STOA_MOUNT_PID
     ls -la "$tmp/b" >/dev/null
     stat "$tmp/b" >/dev/null
 }

@@ -746,8 +746,10 @@ pub(crate) async fn get_caps(
     };
     let mut pick = first.ok().map(|(_, child)| child);
     for _ in 0..LOOKUP_PICKS_MAX {
-        let seq = match pick {
-            Some(child) => Some(grant(node, waiter, child, mode).await?),
+        let granted = match pick {
+            Some(child) => {
+                Some(CapRef { ino: child, seq: grant(node, waiter, child, mode).await? })
+            }
             None => None,
         };
         node.raft.linearize().await?;
@@ -758,13 +760,12 @@ pub(crate) async fn get_caps(
         });
         // No such name, confirmed, fails the lookup here.
         let (dir_version, child, read) = confirmed.await?;
-        if let (Some(seq), Some(picked)) = (seq, pick) {
-            if picked == child {
-                let granted = CapRef { ino: child, seq };
+        match granted {
+            Some(granted) if granted.ino == child => {
                 return answer(node, session, granted, mode, Ok(read), (dir_seq, dir_version));
             }
+            _ => pick = Some(child),
         }
-        pick = Some(child);
     }
     // The name kept naming another inode: the kernel looks it up again.
     Err(FsError::Stale)

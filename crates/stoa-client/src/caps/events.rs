@@ -21,7 +21,6 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
             let session = sh.session.id();
             let lease = Duration::from_millis(sh.session.grant().lease_ms);
             let (held, term) = sh.caps.held_list(reasserted);
-            let carried = reasserted != Some(term);
             let sent = Instant::now();
             number += 1;
             // The caps lapse at their deadline even while the poll hangs (a partitioned
@@ -48,8 +47,9 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
             match polled {
                 Ok(MetaResponse::CapEvents { recalls, term: answered }) => {
                     // The leader of the term the poll named answered it: it has the
-                    // session's caps (a leader of a newer term answers with its own).
-                    if carried && answered == term {
+                    // session's caps, carried by this poll or an earlier one naming
+                    // that term (a leader of a newer term answers with its own).
+                    if answered == term {
                         reasserted = Some(term);
                     }
                     sh.caps.polled(answered, grant_call_max(&sh));

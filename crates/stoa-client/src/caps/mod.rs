@@ -377,12 +377,12 @@ impl Caps {
         Some((attr, left.min(KERNEL_TTL_MAX)))
     }
 
-    /// The xattrs of `ino` its grant brought, under a usable cap with its attributes.
+    /// The xattrs of `ino` its grant brought, under a usable cap (forgotten with its
+    /// attributes).
     pub fn cached_xattrs(&self, ino: InodeId) -> Option<Xattrs> {
         let mut t = self.lock();
         Caps::remaining(&t)?;
-        let h = Caps::usable(&mut t, ino)?;
-        h.attr.as_ref().and(h.xattrs.clone())
+        Caps::usable(&mut t, ino)?.xattrs.clone()
     }
 
     /// The inode cached for `name` in `parent`, under a usable cap on the directory.

@@ -10,6 +10,7 @@ use stoa_types::{validate_xattr_name, FsError, InodeId, Timestamp, XATTR_VALUE_L
 pub const XATTR_CREATE: u32 = 1;
 /// Fail with `NoAttr` if the attribute is not there.
 pub const XATTR_REPLACE: u32 = 2;
+
 fn xattr_key(ino: InodeId, name: &[u8]) -> Result<Vec<u8>, FsError> {
     validate_xattr_name(name)?;
     let mut key = ino_key(ino).to_vec();
@@ -33,10 +34,11 @@ pub(crate) fn list(kv: &impl KvRead, ino: InodeId) -> Result<MetaResponse, FsErr
 /// Every attribute of `ino`, names and values in name order, unless there are more than
 /// `bytes_max` bytes of them.
 pub fn all(kv: &impl KvRead, ino: InodeId, bytes_max: usize) -> Result<Option<Xattrs>, FsError> {
-    // Each row holds at least a byte: more rows than bytes allowed are too many.
+    // Every name is at least a byte: more rows than bytes allowed are too many, and
+    // their bytes say so.
     let rows = rows(kv, ino, bytes_max + 1)?;
     let bytes: usize = rows.iter().map(|(name, value)| name.len() + value.len()).sum();
-    Ok((bytes <= bytes_max && rows.len() <= bytes_max).then_some(rows))
+    Ok((bytes <= bytes_max).then_some(rows))
 }
 
 /// Up to `limit` attributes of `ino`: names and values.
