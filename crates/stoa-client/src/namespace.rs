@@ -282,7 +282,10 @@ impl Client {
         }
         let op = MetaOp::ReadDir { ino, after: after.to_vec(), limit };
         match self.sh.session.call(op).await? {
-            MetaResponse::Entries { entries, more } => Ok((entries, more)),
+            MetaResponse::Entries { entries, more } => {
+                self.note_listed(ino, &entries);
+                Ok((entries, more))
+            }
             other => Err(unexpected("ReadDir", &other)),
         }
     }

@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use stoa_meta::KvRead;
 use stoa_proto::{
-    BatchOp, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse, Xattrs, XATTRS_IN_GRANT_MAX,
+    BatchOp, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse, NamedGrant, Xattrs,
+    LOOKUP_MANY_MAX, XATTRS_IN_GRANT_MAX,
 };
 use stoa_types::{Attr, DirEntry, FsError, InodeId, SessionId};
 use tokio::sync::Notify;
@@ -699,14 +700,36 @@ async fn grant(
     ino: InodeId,
     mode: CapMode,
 ) -> Result<u64, FsError> {
+    Ok(grant_all(node, waiter, &[ino], mode).await?[0])
+}
+
+/// Grants `mode` on each of `inodes` to `session`, in that order, once no other session
+/// holds a conflicting cap: the holders of all of them are recalled together. Returns
+/// each grant's sequence number.
+async fn grant_all(
+    node: &Node,
+    waiter: Waiter<'_>,
+    inodes: &[InodeId],
+    mode: CapMode,
+) -> Result<Vec<u64>, FsError> {
+    let mut seqs = vec![0; inodes.len()];
+    let mut pending: Vec<usize> = (0..inodes.len()).collect();
     loop {
-        match node.caps.try_register(waiter.session, ino, mode) {
-            Ok(seq) => return Ok(seq),
-            Err(blocking) => {
-                let targets = blocking.into_iter().map(|(session, h)| (ino, session, h)).collect();
-                recall(node, targets, waiter).await?
+        let mut targets = Vec::new();
+        pending.retain(|&i| match node.caps.try_register(waiter.session, inodes[i], mode) {
+            Ok(seq) => {
+                seqs[i] = seq;
+                false
             }
+            Err(blocking) => {
+                targets.extend(blocking.into_iter().map(|(session, h)| (inodes[i], session, h)));
+                true
+            }
+        });
+        if pending.is_empty() {
+            return Ok(seqs);
         }
+        recall(node, targets, waiter).await?;
     }
 }
 
@@ -735,7 +758,8 @@ pub(crate) async fn get_caps(
         let seq = grant(node, waiter, ino, mode).await?;
         node.raft.linearize().await?;
         let read = node.raft.read(move |kv| attr_and_xattrs(kv, ino)).await;
-        return answer(node, session, CapRef { ino, seq }, mode, read, (0, 0));
+        let (attr, mode, xattrs) = granted(node, session, CapRef { ino, seq }, mode, read)?;
+        return Ok(MetaResponse::Caps { attr, mode, seq, dir_seq: 0, dir_version: 0, xattrs });
     };
     // The directory's entries: Shared never conflicts on a directory, which is never
     // granted Exclusive.
@@ -746,7 +770,7 @@ pub(crate) async fn get_caps(
     };
     let mut pick = first.ok().map(|(_, child)| child);
     for _ in 0..LOOKUP_PICKS_MAX {
-        let granted = match pick {
+        let picked = match pick {
             Some(child) => {
                 Some(CapRef { ino: child, seq: grant(node, waiter, child, mode).await? })
             }
@@ -760,9 +784,11 @@ pub(crate) async fn get_caps(
         });
         // No such name, confirmed, fails the lookup here.
         let (dir_version, child, read) = confirmed.await?;
-        match granted {
-            Some(granted) if granted.ino == child => {
-                return answer(node, session, granted, mode, Ok(read), (dir_seq, dir_version));
+        match picked {
+            Some(cap) if cap.ino == child => {
+                let (attr, mode, xattrs) = granted(node, session, cap, mode, Ok(read))?;
+                let seq = cap.seq;
+                return Ok(MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs });
             }
             _ => pick = Some(child),
         }
@@ -792,33 +818,86 @@ fn attr_and_xattrs(kv: &impl KvRead, ino: InodeId) -> Result<(Attr, Option<Xattr
     }
 }
 
-/// The answer to a `GetCaps` granted as `granted`, from what was read after a
-/// linearizable read confirmed the grant; `dir` is the directory's grant and version
-/// for a lookup. A grant that cannot be answered is released.
-fn answer(
+/// What a grant `cap` of `mode` answers (the attributes, the mode the session holds,
+/// the xattrs), from what was read after a linearizable read confirmed it. A grant
+/// that cannot be answered is released.
+fn granted(
     node: &Node,
     session: SessionId,
-    granted: CapRef,
+    cap: CapRef,
     mode: CapMode,
     read: Result<(Attr, Option<Xattrs>), FsError>,
-    (dir_seq, dir_version): (u64, u64),
-) -> Result<MetaResponse, FsError> {
+) -> Result<(Attr, CapMode, Option<Xattrs>), FsError> {
     let (attr, xattrs) = match read {
         Ok(read) => read,
         Err(e) => {
-            node.caps.release(session, &[granted]);
+            node.caps.release(session, &[cap]);
             return Err(e);
         }
     };
     if mode == CapMode::Exclusive && attr.kind != stoa_types::FileKind::File {
-        node.caps.release(session, &[granted]);
+        node.caps.release(session, &[cap]);
         return Err(FsError::Invalid("only regular files take exclusive caps".into()));
     }
     let holders =
-        node.caps.lock().inodes.get(&granted.ino).and_then(|h| h.get(&session)).map(|h| h.mode);
-    let mode = holders.unwrap_or(mode);
-    let seq = granted.seq;
-    Ok(MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs })
+        node.caps.lock().inodes.get(&cap.ino).and_then(|h| h.get(&session)).map(|h| h.mode);
+    Ok((attr, holders.unwrap_or(mode), xattrs))
+}
+
+/// Answers `GetCapsMany`: a lookup of each of `names` in `dir`, as [`get_caps`] makes
+/// one with `Shared`, their grants registered and their holders recalled together and
+/// confirmed by one linearizable read. Each child is picked by a plain read, and one
+/// whose confirmed read names another inode, or no inode, is left out of the answer
+/// (its caller looks it up alone): its grant stays registered, as a wrong pick's does.
+pub(crate) async fn get_caps_many(
+    node: &Node,
+    session: SessionId,
+    dir: InodeId,
+    names: Vec<Vec<u8>>,
+) -> Result<MetaResponse, FsError> {
+    if names.len() > LOOKUP_MANY_MAX {
+        return Err(FsError::Invalid(format!(
+            "{} names looked up at once; the limit is {LOOKUP_MANY_MAX}",
+            names.len()
+        )));
+    }
+    await_grace(node).await?;
+    let waiter = Waiter { session, works_on: &[dir], refusable: true };
+    let dir_seq = grant(node, waiter, dir, CapMode::Shared).await?;
+    let names = Arc::new(names);
+    let picks = {
+        let names = names.clone();
+        node.raft.read(move |kv| {
+            let pick = |(i, name): (usize, &Vec<u8>)| Some((i, lookup(kv, dir, name).ok()?.1));
+            Ok(names.iter().enumerate().filter_map(pick).collect::<Vec<_>>())
+        })
+    }
+    .await?;
+    let inodes: Vec<InodeId> = picks.iter().map(|&(_, ino)| ino).collect();
+    let seqs = grant_all(node, waiter, &inodes, CapMode::Shared).await?;
+    node.raft.linearize().await?;
+    let confirmed = {
+        let names = names.clone();
+        node.raft.read(move |kv| {
+            let dir_version = stoa_meta::version(kv, dir)?.ok_or(FsError::NotFound)?;
+            let mut found = Vec::new();
+            for (&(i, pick), seq) in picks.iter().zip(seqs) {
+                if lookup(kv, dir, &names[i]).is_ok_and(|(_, child)| child == pick) {
+                    found.push((i, CapRef { ino: pick, seq }, attr_and_xattrs(kv, pick)));
+                }
+            }
+            Ok((dir_version, found))
+        })
+    };
+    let (dir_version, found) = confirmed.await?;
+    let mut grants = Vec::with_capacity(found.len());
+    for (i, cap, read) in found {
+        if let Ok((attr, mode, xattrs)) = granted(node, session, cap, CapMode::Shared, read) {
+            let name = names[i].clone();
+            grants.push(NamedGrant { name, attr, mode, seq: cap.seq, xattrs });
+        }
+    }
+    Ok(MetaResponse::Grants { dir_seq, dir_version, grants })
 }
 
 /// What a mutation changes: the inodes whose cached state it changes (their exclusive

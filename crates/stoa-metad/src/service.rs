@@ -136,6 +136,7 @@ impl Node {
             }
             MetaOp::RenewSession
             | MetaOp::GetCaps { .. }
+            | MetaOp::GetCapsMany { .. }
             | MetaOp::CapEvents { .. }
             | MetaOp::CapsReleased { .. }
             | MetaOp::TakeDir { .. }
@@ -252,6 +253,10 @@ impl Node {
             MetaOp::GetCaps { ino, name, mode } => {
                 self.renew(req.session).await?;
                 caps::get_caps(self, req.session, ino, name, mode).await
+            }
+            MetaOp::GetCapsMany { dir, names } => {
+                self.renew(req.session).await?;
+                caps::get_caps_many(self, req.session, dir, names).await
             }
             MetaOp::CapEvents { held, term, poll } => {
                 // The client counts its caps valid from when it sent this poll: only a

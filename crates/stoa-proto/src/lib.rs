@@ -30,8 +30,8 @@ pub use lock::{first_blocker, set_lock, LockChange};
 pub use meta::{
     cap_seq, cap_seq_term, BatchOp, CapMode, CapRef, ChunkServerStatus, ClusterStatus, Commit,
     DirGrant, FileLock, HeldCap, LockKind, LockOwner, MetaMemberStatus, MetaOp, MetaRequest,
-    MetaResponse, RepairProgress, SessionGrant, Xattrs, ANSWERS_KEPT, DEAD_INODES_MAX,
-    GARBAGE_COUNTED, XATTRS_IN_GRANT_MAX,
+    MetaResponse, NamedGrant, RepairProgress, SessionGrant, Xattrs, ANSWERS_KEPT, DEAD_INODES_MAX,
+    GARBAGE_COUNTED, LOOKUP_MANY_MAX, XATTRS_IN_GRANT_MAX,
 };
 
 use serde::{Deserialize, Serialize};
@@ -56,7 +56,8 @@ use stoa_types::FsError;
 /// `BatchOp::SetAttr`.
 /// 10: `BatchOp::SetAttr` may set times.
 /// 11: grants carry the inode's xattrs ([`meta::XATTRS_IN_GRANT_MAX`]).
-pub const PROTOCOL_VERSION: u8 = 11;
+/// 12: `GetCapsMany`: one call looks up many names of a directory.
+pub const PROTOCOL_VERSION: u8 = 12;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -321,10 +321,23 @@ pub enum MetaOp {
         ino: InodeId,
         locks: Vec<FileLock>,
     },
+    /// Looks up `names` (at most [`LOOKUP_MANY_MAX`]) in directory `dir` at once, each
+    /// as [`MetaOp::GetCaps`] with a name and `Shared` does, the conflicting holders of
+    /// all of them recalled together: a client that sees the entries it just listed
+    /// looked up one after another (`ls -l`) asks for the next ones ahead. Answered with
+    /// [`MetaResponse::Grants`], which leaves out a name not found, or found naming
+    /// another inode by the time its grant was confirmed.
+    GetCapsMany {
+        dir: InodeId,
+        names: Vec<Vec<u8>>,
+    },
 }
 
 /// The most inodes one [`MetaOp::DeadInodes`] may ask about.
 pub const DEAD_INODES_MAX: usize = 4096;
+
+/// The most names one [`MetaOp::GetCapsMany`] may look up.
+pub const LOOKUP_MANY_MAX: usize = 128;
 
 /// Xattrs, names and values, in name order.
 pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -501,6 +514,7 @@ impl MetaOp {
                 | MetaOp::CapsReleased { .. }
                 | MetaOp::TakeDir { .. }
                 | MetaOp::DeadInodes { .. }
+                | MetaOp::GetCapsMany { .. }
         )
     }
 
@@ -605,6 +619,25 @@ pub enum MetaResponse {
     /// Another session keeps the locks of the inode; the leader asked it to give them
     /// back, and the caller asks again.
     LocksElsewhere,
+    /// The grants of a [`MetaOp::GetCapsMany`]: `Shared` on the directory (`dir_seq`,
+    /// at `dir_version`) and one on each child found, as [`MetaResponse::Caps`] gives
+    /// them, in the order asked.
+    Grants {
+        dir_seq: u64,
+        dir_version: u64,
+        grants: Vec<NamedGrant>,
+    },
+}
+
+/// One child's grant in [`MetaResponse::Grants`]: the name looked up, and what
+/// [`MetaResponse::Caps`] carries of the child.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedGrant {
+    pub name: Vec<u8>,
+    pub attr: Attr,
+    pub mode: CapMode,
+    pub seq: u64,
+    pub xattrs: Option<Xattrs>,
 }
 
 /// One meta replica as the cluster sees it.

@@ -101,6 +101,59 @@ fn a_change_on_one_mount_is_seen_at_once_on_the_other() {
     }
 }
 
+/// `ls -l` on the mount that did not write the files: its lookups of the names it just
+/// listed are granted many at once (caps.md invariant 34), and each of those grants is
+/// recalled by the writer's next change like any other.
+#[test]
+fn files_listed_and_looked_at_on_the_other_mount_stay_coherent() {
+    const FILES: usize = 60;
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let (a, b) = (dev.mnt.join("dir"), other.path.join("dir"));
+    std::fs::create_dir(&a).unwrap();
+    for i in 0..FILES {
+        std::fs::write(a.join(format!("f{i:02}")), vec![b'a'; i]).unwrap();
+    }
+    // What B sees of every file, listed then looked at one after another.
+    let look = |round: usize| -> HashMap<String, (u64, u32)> {
+        let mut seen = HashMap::new();
+        for entry in std::fs::read_dir(&b).unwrap() {
+            let entry = entry.unwrap();
+            let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+            let name = entry.file_name().into_string().unwrap();
+            seen.insert(name, (meta.len(), meta.permissions().mode() & 0o777));
+        }
+        assert_eq!(seen.len(), FILES, "B listed the wrong files in round {round}");
+        seen
+    };
+    let first = look(0);
+    for i in 0..FILES {
+        assert_eq!(first[&format!("f{i:02}")].0, i as u64, "B saw f{i:02} with the wrong size");
+    }
+    for round in 1..=20 {
+        // A changes files B holds caps on, a different few each round.
+        let (grown, chmodded) = (format!("f{:02}", round * 2), format!("f{:02}", round * 2 + 1));
+        let mut file = std::fs::OpenOptions::new().append(true).open(a.join(&grown)).unwrap();
+        file.write_all(b"more").unwrap();
+        drop(file);
+        let mode = 0o600 | ((round as u32 % 2) * 0o40);
+        std::fs::set_permissions(a.join(&chmodded), std::fs::Permissions::from_mode(mode)).unwrap();
+        let renamed = format!("f{:02}", round - 1);
+        let size = std::fs::metadata(a.join(&renamed)).unwrap().len();
+        std::fs::rename(a.join(&renamed), a.join("moving")).unwrap();
+        std::fs::rename(a.join("moving"), a.join(&renamed)).unwrap();
+        let seen = look(round);
+        assert_eq!(seen[&grown].0, (round * 2 + 4) as u64, "B saw a stale size in round {round}");
+        assert_eq!(seen[&chmodded].1, mode, "B saw a stale mode in round {round}");
+        assert_eq!(seen[&renamed].0, size, "B saw a stale name in round {round}");
+        assert_eq!(
+            std::fs::read(b.join(&grown)).unwrap().len() as u64,
+            seen[&grown].0,
+            "B read stale data in round {round}"
+        );
+    }
+}
+
 /// A mount that holds a directory with its listing lets its kernel remember that a
 /// name is not there (caps.md invariant 31); the other mount making that name recalls
 /// the directory, which expires what the kernel remembered.

@@ -87,13 +87,21 @@ impl Client {
             other => return Err(unexpected("GetCaps", &other)),
         };
         self.renewed(sent).await;
-        let stored = self.sh.caps.store(&grant, name.map(|n| (ino, n)));
+        let stored = self.keep(&grant, name.map(|n| (ino, n)));
+        Ok((grant.attr, stored))
+    }
+
+    /// Caches `grant` (of the child `dir` names, for a lookup) unless it was recalled
+    /// meanwhile, and tells the file open here of its attributes. Returns whether it
+    /// was cached.
+    pub(super) fn keep(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
+        let stored = self.sh.caps.store(grant, dir);
         if stored {
             if let Some(file) = self.sh.open_file(grant.attr.ino) {
                 file.lock().learn(&grant.attr);
             }
         }
-        Ok((grant.attr, stored))
+        stored
     }
 
     /// The leader renewed the session with a call sent at `sent` (a grant): the caps
@@ -180,6 +188,7 @@ impl Client {
         };
         let fresh = match cached(self) {
             Some(_) => None,
+            None if self.look_ahead(parent, name).await => None,
             None => Some(self.acquire(parent, Some(name), CapMode::Shared).await?.0),
         };
         let ino =

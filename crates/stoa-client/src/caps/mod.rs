@@ -39,6 +39,7 @@ use stoa_types::{
 use tokio::sync::{Notify, OwnedRwLockReadGuard, RwLock};
 
 mod access;
+mod ahead;
 mod events;
 
 pub(crate) use access::Access;
@@ -255,6 +256,8 @@ pub(crate) struct Caps {
     trimming: AtomicBool,
     /// Woken when the leader has been told of caps this client dropped on its own.
     told: Notify,
+    /// Directories listed lately, for looking names up ahead.
+    lately: Mutex<ahead::Listed>,
 }
 
 impl Caps {
@@ -265,6 +268,7 @@ impl Caps {
             max,
             trimming: AtomicBool::new(false),
             told: Notify::new(),
+            lately: Mutex::new(ahead::Listed::default()),
         }
     }
 
@@ -299,6 +303,11 @@ impl Caps {
 
     fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().expect("caps lock poisoned")
+    }
+
+    /// Taken after the table's lock, never before it.
+    fn lately(&self) -> MutexGuard<'_, ahead::Listed> {
+        self.lately.lock().expect("listed directories lock poisoned")
     }
 
     pub fn set_kernel(&self, kernel: Arc<dyn KernelCache>) {
@@ -383,6 +392,14 @@ impl Caps {
         let mut t = self.lock();
         Caps::remaining(&t)?;
         Caps::usable(&mut t, ino)?.xattrs.clone()
+    }
+
+    /// Whether `name` in `dir` and its inode's attributes are cached under usable caps,
+    /// without counting it as a use.
+    fn peek(t: &Table, dir: InodeId, name: &[u8]) -> bool {
+        let ino = t.held.get(&dir).and_then(|h| h.names.get(name));
+        Caps::remaining(t).is_some()
+            && ino.and_then(|ino| t.held.get(ino)).is_some_and(|h| h.attr.is_some())
     }
 
     /// The inode cached for `name` in `parent`, under a usable cap on the directory.

@@ -1,7 +1,7 @@
 //! Session leases kept by the leader, and reads served by followers.
 
 use super::*;
-use stoa_proto::{CapMode, CapRef, HeldCap, XATTRS_IN_GRANT_MAX};
+use stoa_proto::{CapMode, CapRef, HeldCap, LOOKUP_MANY_MAX, XATTRS_IN_GRANT_MAX};
 use stoa_types::SetAttr;
 
 fn req(session: SessionId, req_id: u64, op: MetaOp) -> MetaRequest {
@@ -348,4 +348,84 @@ async fn a_grant_carries_the_inodes_xattrs_unless_they_are_too_many() {
     assert_eq!(grant(ino).await, Some(both));
     set(ino, 4, "user.big", vec![7; XATTRS_IN_GRANT_MAX]).await;
     assert_eq!(grant(ino).await, None);
+}
+
+/// `GetCapsMany` looks up many names of a directory at once: the holders of all of
+/// them are recalled together, a name not found is left out, and the grants come in
+/// the order asked, each naming the inode its name does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_names_are_looked_up_at_once_and_their_holders_recalled_together() {
+    let cluster = Cluster::start(3, Tuning { session_lease_ms: 8000, ..test_tuning() }).await;
+    cluster.leader().await;
+    let client = cluster.client_all();
+    let (holder, looker) = (open_session(&client).await, open_session(&client).await);
+    let mut inodes = Vec::new();
+    for (i, name) in ["f0", "f1", "f2", "f3"].into_iter().enumerate() {
+        inodes.push(create(&client, holder, i as u64 + 1, name).await);
+    }
+    let held = [
+        CapRef {
+            ino: inodes[0],
+            seq: take_cap(&client, holder, inodes[0], CapMode::Exclusive).await.0,
+        },
+        CapRef {
+            ino: inodes[2],
+            seq: take_cap(&client, holder, inodes[2], CapMode::Exclusive).await.0,
+        },
+    ];
+    let (_, term) = poll(&client, holder, vec![], 0).await;
+    poll(&client, holder, vec![], term).await;
+    let names = |list: &[&str]| list.iter().map(|n| n.as_bytes().to_vec()).collect::<Vec<_>>();
+    let many = move |names| req(looker, 0, MetaOp::GetCapsMany { dir: InodeId::ROOT, names });
+    let asked = many(names(&["f3", "f0", "missing", "f2", "f1"]));
+    let wanted = tokio::spawn({
+        let client = client.clone();
+        async move { client.call_leader(asked, Duration::from_secs(15)).await }
+    });
+    let mut recalled = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while recalled.len() < held.len() {
+        let (recalls, _) = poll(&client, holder, vec![], term).await;
+        recalled.extend(recalls);
+        assert!(Instant::now() < deadline, "recalled only {recalled:?}");
+    }
+    recalled.sort_by_key(|r| r.ino);
+    assert_eq!(recalled, held);
+    assert!(!wanted.is_finished(), "granted before the holder acked");
+    let ack = MetaOp::CapsReleased { released: held.to_vec() };
+    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), wanted).await.unwrap().unwrap();
+    let Ok(MetaResponse::Grants { dir_seq, dir_version, grants }) = answer else {
+        panic!("GetCapsMany answered {answer:?}")
+    };
+    assert!(dir_seq > 0 && dir_version > 0);
+    let found: Vec<(Vec<u8>, InodeId)> =
+        grants.iter().map(|g| (g.name.clone(), g.attr.ino)).collect();
+    let expected = [("f3", 3), ("f0", 0), ("f2", 2), ("f1", 1)];
+    let expected: Vec<_> =
+        expected.iter().map(|(n, i)| (n.as_bytes().to_vec(), inodes[*i])).collect();
+    assert_eq!(found, expected);
+    assert!(grants
+        .iter()
+        .all(|g| g.mode == CapMode::Shared && g.seq > 0 && g.xattrs == Some(vec![])));
+    // The looker's grants are real: a change by the holder recalls them.
+    let chmod = SetAttr { perm: Some(0o600), ..SetAttr::default() };
+    let change = tokio::spawn({
+        let client = client.clone();
+        let op = MetaOp::SetAttr { ino: inodes[1], set: chmod };
+        async move { client.call(req(holder, 10, op)).await }
+    });
+    let (recalls, _) = poll(&client, looker, vec![], 0).await;
+    let (recalls, _) = match recalls.is_empty() {
+        true => poll(&client, looker, vec![], term).await,
+        false => (recalls, term),
+    };
+    assert_eq!(recalls.iter().map(|r| r.ino).collect::<Vec<_>>(), vec![inodes[1]]);
+    let ack = MetaOp::CapsReleased { released: recalls };
+    client.call_leader(req(looker, 0, ack), Duration::from_secs(5)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), change).await.unwrap().unwrap().unwrap();
+    // More names than one call may look up are refused.
+    let too_many = vec![b"f0".to_vec(); LOOKUP_MANY_MAX + 1];
+    let refused = client.call_leader(many(too_many), Duration::from_secs(5)).await;
+    assert!(matches!(refused, Err(FsError::Invalid(_))), "{refused:?}");
 }
