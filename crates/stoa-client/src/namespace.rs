@@ -280,14 +280,22 @@ impl Client {
         if let Some(page) = self.sh.caps.list(ino, after, limit) {
             return Ok(page);
         }
-        let op = MetaOp::ReadDir { ino, after: after.to_vec(), limit };
-        match self.sh.session.call(op).await? {
-            MetaResponse::Entries { entries, more } => {
-                self.note_listed(ino, &entries);
-                Ok((entries, more))
-            }
-            other => Err(unexpected("ReadDir", &other)),
+        // Held shared: a page meta gave under this cap, if kept.
+        if let Some(page) = self.sh.caps.kept_page(ino, after, limit) {
+            self.note_listed(ino, &page.0);
+            return Ok(page);
         }
+        let ticket = self.sh.caps.page_ticket(ino);
+        let op = MetaOp::ReadDir { ino, after: after.to_vec(), limit };
+        let page = match self.sh.session.call(op).await? {
+            MetaResponse::Entries { entries, more } => (entries, more),
+            other => return Err(unexpected("ReadDir", &other)),
+        };
+        if let Some(ticket) = ticket {
+            self.sh.caps.keep_page(ino, ticket, (after, limit), &page);
+        }
+        self.note_listed(ino, &page.0);
+        Ok(page)
     }
 
     /// The value of xattr `name` of `ino`: from the xattrs a grant brought while the cap

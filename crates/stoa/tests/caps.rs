@@ -103,7 +103,8 @@ fn a_change_on_one_mount_is_seen_at_once_on_the_other() {
 
 /// `ls -l` on the mount that did not write the files: its lookups of the names it just
 /// listed are granted many at once (caps.md invariant 34), and each of those grants is
-/// recalled by the writer's next change like any other.
+/// recalled by the writer's next change like any other; the listing it keeps under its
+/// shared cap on the directory (invariant 35) goes with the next name made or removed.
 #[test]
 fn files_listed_and_looked_at_on_the_other_mount_stay_coherent() {
     const FILES: usize = 60;
@@ -123,7 +124,13 @@ fn files_listed_and_looked_at_on_the_other_mount_stay_coherent() {
             let name = entry.file_name().into_string().unwrap();
             seen.insert(name, (meta.len(), meta.permissions().mode() & 0o777));
         }
-        assert_eq!(seen.len(), FILES, "B listed the wrong files in round {round}");
+        let made = (round > 0).then(|| format!("new{round}"));
+        let mut expected: Vec<String> = (0..FILES).map(|i| format!("f{i:02}")).collect();
+        expected.extend(made);
+        let mut listed: Vec<String> = seen.keys().cloned().collect();
+        expected.sort();
+        listed.sort();
+        assert_eq!(listed, expected, "B listed the wrong files in round {round}");
         seen
     };
     let first = look(0);
@@ -142,6 +149,11 @@ fn files_listed_and_looked_at_on_the_other_mount_stay_coherent() {
         let size = std::fs::metadata(a.join(&renamed)).unwrap().len();
         std::fs::rename(a.join(&renamed), a.join("moving")).unwrap();
         std::fs::rename(a.join("moving"), a.join(&renamed)).unwrap();
+        // A name made and one removed: B listed the directory last round.
+        std::fs::write(a.join(format!("new{round}")), b"new").unwrap();
+        if round > 1 {
+            std::fs::remove_file(a.join(format!("new{}", round - 1))).unwrap();
+        }
         let seen = look(round);
         assert_eq!(seen[&grown].0, (round * 2 + 4) as u64, "B saw a stale size in round {round}");
         assert_eq!(seen[&chmodded].1, mode, "B saw a stale mode in round {round}");

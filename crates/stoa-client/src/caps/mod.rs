@@ -41,6 +41,7 @@ use tokio::sync::{Notify, OwnedRwLockReadGuard, RwLock};
 mod access;
 mod ahead;
 mod events;
+mod pages;
 
 pub(crate) use access::Access;
 pub use access::Pinned;
@@ -120,6 +121,9 @@ struct Held {
     /// Every entry of this directory, under an exclusive cap taken with its listing
     /// (`dirops`): lookups and listings are answered from it and changes are made in it.
     listing: Option<HashMap<Vec<u8>, (InodeId, FileKind)>>,
+    /// Pages of this directory's listing meta gave under a shared cap, by the name
+    /// they start after and their limit (`pages.rs`).
+    pages: HashMap<(Vec<u8>, u32), pages::Page>,
     /// The events tick (`Table::tick`) of the cap's last use, for giving back the least
     /// recently used ones.
     used: u64,
@@ -188,6 +192,10 @@ struct Table {
     releasing: bool,
     /// When [`Table::sweep`] may next run.
     sweep_at: Option<Instant>,
+    /// The directories pages were kept of, oldest first, each with the page's entries
+    /// (`pages.rs`), and those entries' sum.
+    paged: std::collections::VecDeque<(InodeId, usize)>,
+    paged_entries: usize,
 }
 
 impl Table {
@@ -432,6 +440,7 @@ impl Caps {
             if let Some(h) = t.held.get_mut(ino) {
                 h.forget_attr(now);
                 h.listing = None;
+                h.pages.clear();
                 missing |= std::mem::take(&mut h.kernel_missing);
             }
         }
@@ -553,6 +562,7 @@ impl Caps {
         h.seq = h.seq.max(grant.seq);
         keep_newest(h, &grant.attr, sent);
         h.listing = Some(listing);
+        h.pages.clear();
         true
     }
 
@@ -945,6 +955,7 @@ fn empty_held() -> Held {
         kernel_names: false,
         kernel_missing: false,
         listing: None,
+        pages: HashMap::new(),
         used: 0,
         forgotten: 0,
     }
