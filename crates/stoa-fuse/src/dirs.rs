@@ -11,7 +11,8 @@
 //! Each open handle also keeps the directory's attributes as they were when it was
 //! opened. A directory removed while a handle holds it open is gone from meta, but the
 //! handle still names it: `fstat` through it answers those attributes with no links,
-//! and a listing through it ends at once, as on a local disk.
+//! a listing through it ends at once, and opening it again through the handle
+//! (`/proc/self/fd/N`) gives another such handle, as on a local disk.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -987,8 +987,16 @@ impl Filesystem for StoaFs {
         let seen = self.client.lost_mark();
         let dirs = self.dirs.clone();
         self.spawn(|c| async move {
-            match c.getattr_cached(inode).await {
-                Ok((attr, _, _pin)) => {
+            // A directory removed while a handle holds it open is opened again through
+            // that handle (`/proc/self/fd/N`), as on a local disk: with its attributes
+            // and an empty listing.
+            let attr = match c.getattr_cached(inode).await {
+                Ok((attr, _, _pin)) => Ok(attr),
+                Err(FsError::NotFound) => dirs.removed(inode).ok_or(FsError::NotFound),
+                Err(e) => Err(e),
+            };
+            match attr {
+                Ok(attr) => {
                     let id = dirs.open(attr, seen);
                     reply.opened(FileHandle(id), FopenFlags::empty());
                 }

@@ -130,6 +130,9 @@ struct Held {
     /// The [`Table::forgets`] count at which `attr` was last forgotten: an answer to a
     /// call sent before then is older than what made it stale (caps.md invariant 15).
     forgotten: u64,
+    /// The newest version of an answer refused while nothing was cached: no older one
+    /// may be cached after it ([`keep_newest`]).
+    refused: u64,
 }
 
 impl Held {
@@ -919,12 +922,22 @@ pub(crate) enum Change {
 }
 
 /// Caches `attr`, the answer to a call sent at epoch `sent`, unless what is cached is a
-/// newer version or the attributes were forgotten after the call was sent: answers from
-/// meta (a grant, a commit) can arrive in another order than meta gave them, and once
-/// forgotten nothing cached is left to compare a version with. Returns whether it was
-/// cached.
+/// newer version; or, with nothing cached, unless the attributes were forgotten after
+/// the call was sent or an answer refused so had a newer version. Answers from meta (a
+/// grant, a commit) can arrive in another order than meta gave them, and once
+/// forgotten nothing cached is left to compare a version with (caps.md invariant 15).
+/// What is cached came from a call sent after the last forget, so a newer version than
+/// it is newer than what made the forget too, even in the answer to a call sent before.
+/// Returns whether it was cached.
 fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) -> bool {
-    let newer = h.forgotten <= sent && h.attr.as_ref().is_none_or(|c| c.version <= attr.version);
+    let newer = match &h.attr {
+        Some(cached) => cached.version <= attr.version,
+        None if h.forgotten > sent => {
+            h.refused = h.refused.max(attr.version);
+            false
+        }
+        None => attr.version >= h.refused,
+    };
     if newer {
         h.attr = Some(attr.clone());
     }
@@ -958,6 +971,7 @@ fn empty_held() -> Held {
         pages: HashMap::new(),
         used: 0,
         forgotten: 0,
+        refused: 0,
     }
 }
 
@@ -1375,6 +1389,36 @@ mod tests {
         unlinked.nlink = 1;
         unlinked.version = 3;
         caps.update_attr(unlinked.clone(), caps.epoch());
-        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked));
+        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked.clone()));
+        // Once something is cached again, versions order the answers, whenever their
+        // calls were sent: a size commit sent before a forget and applied after a
+        // grant (sent after it) read the file is newer than that grant.
+        let before = caps.epoch();
+        caps.forget(&[file], &[]);
+        let seq = cap_seq(1, 3);
+        assert!(caps.store(&shared(unlinked.clone(), seq, 0, caps.epoch()), None));
+        let mut grown = unlinked.clone();
+        (grown.size, grown.version) = (7, 4);
+        caps.update_attr(grown.clone(), before);
+        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(grown.clone()));
+        // An older one, sent before or after, is not kept.
+        caps.update_attr(unlinked.clone(), before);
+        caps.update_attr(unlinked.clone(), caps.epoch());
+        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(grown.clone()));
+        // Nor one that comes after a newer answer that was not kept: the commit's
+        // answer came first, while nothing was cached, and the grant read before it
+        // applied comes second.
+        let before = caps.epoch();
+        caps.forget(&[file], &[]);
+        let mut longer = grown.clone();
+        (longer.size, longer.version) = (9, 6);
+        caps.update_attr(longer.clone(), before);
+        assert!(caps.cached_attr(file).is_none(), "a commit sent before the forget");
+        let mut read_before = grown;
+        read_before.version = 5;
+        assert!(caps.store(&shared(read_before, cap_seq(1, 4), 0, caps.epoch()), None));
+        assert!(caps.cached_attr(file).is_none(), "a grant older than an answer seen");
+        caps.update_attr(longer.clone(), caps.epoch());
+        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(longer));
     }
 }
