@@ -473,6 +473,9 @@ impl Filesystem for StoaFs {
                  are ordered against other mounts"
             );
         }
+        // A symlink's target never changes, and its inode number is never used again
+        // (caps.md invariant 16): the kernel may keep every target it read.
+        let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
         // Without these the kernel keeps fcntl and flock locks to this machine; with them
         // every lock goes to meta and holds across the cluster.
         if let Err(missing) =
