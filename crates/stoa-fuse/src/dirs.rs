@@ -17,7 +17,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use stoa_client::{Attr, Client, DirEntry, FsError, InodeId};
+use std::time::Duration;
+use stoa_client::{Attr, Client, DirEntry, FsError, InodeId, Pinned};
 
 /// The stream of one open handle, shared by the kernel's requests on it.
 pub type Stream = Arc<tokio::sync::Mutex<DirStream>>;
@@ -58,9 +59,26 @@ impl OpenDirs {
         self.handles().remove(&handle);
     }
 
+    /// The attributes of `ino` as `getattr` and `opendir` answer them: from the client,
+    /// or, for a directory meta no longer has that a handle holds open, those of
+    /// [`OpenDirs::removed`], with no TTL.
+    pub async fn attr(
+        &self,
+        client: &Client,
+        ino: InodeId,
+    ) -> Result<(Attr, Duration, Pinned), FsError> {
+        match client.getattr_cached(ino).await {
+            Err(FsError::NotFound) => match self.removed(ino) {
+                Some(attr) => Ok((attr, Duration::ZERO, Pinned::none())),
+                None => Err(FsError::NotFound),
+            },
+            r => r,
+        }
+    }
+
     /// The attributes of `ino`, a directory meta no longer has, if a handle still holds
     /// it open: those of its open, with no links.
-    pub fn removed(&self, ino: InodeId) -> Option<Attr> {
+    fn removed(&self, ino: InodeId) -> Option<Attr> {
         let handles = self.handles();
         let open = handles.values().find(|d| d.attr.ino == ino)?;
         Some(Attr { nlink: 0, ..open.attr.clone() })

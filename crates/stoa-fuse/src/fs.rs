@@ -604,16 +604,9 @@ impl Filesystem for StoaFs {
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let inode = self.ino(i);
         let dirs = self.dirs.clone();
-        self.spawn(|c| async move {
-            match c.getattr_cached(inode).await {
-                // The kernel gives no handle with a directory's getattr: any handle
-                // open on it keeps it for `fstat` (dirs.rs).
-                Err(FsError::NotFound) if let Some(attr) = dirs.removed(inode) => {
-                    reply.attr(&Duration::ZERO, &file_attr(&attr, i.0));
-                }
-                r => reply_attr(reply, i, "getattr", r),
-            }
-        });
+        // The kernel gives no handle with a directory's getattr: any handle open on it
+        // keeps it for `fstat` (dirs.rs).
+        self.spawn(|c| async move { reply_attr(reply, i, "getattr", dirs.attr(&c, inode).await) });
     }
 
     fn setattr(
@@ -993,13 +986,8 @@ impl Filesystem for StoaFs {
             // A directory removed while a handle holds it open is opened again through
             // that handle (`/proc/self/fd/N`), as on a local disk: with its attributes
             // and an empty listing.
-            let attr = match c.getattr_cached(inode).await {
-                Ok((attr, _, _pin)) => Ok(attr),
-                Err(FsError::NotFound) => dirs.removed(inode).ok_or(FsError::NotFound),
-                Err(e) => Err(e),
-            };
-            match attr {
-                Ok(attr) => {
+            match dirs.attr(&c, inode).await {
+                Ok((attr, _, _pin)) => {
                     let id = dirs.open(attr, seen);
                     reply.opened(FileHandle(id), FopenFlags::empty());
                 }

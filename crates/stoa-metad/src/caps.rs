@@ -766,9 +766,9 @@ pub(crate) async fn get_caps(
     let dir_seq = grant(node, waiter, ino, CapMode::Shared).await?;
     let first = {
         let name = name.clone();
-        node.raft.read(move |kv| lookup(kv, ino, &name)).await
+        node.raft.read(move |kv| child(kv, ino, &name)).await
     };
-    let mut pick = first.ok().map(|(_, child)| child);
+    let mut pick = first.ok();
     for _ in 0..LOOKUP_PICKS_MAX {
         let picked = match pick {
             Some(child) => {
@@ -779,7 +779,8 @@ pub(crate) async fn get_caps(
         node.raft.linearize().await?;
         let name = name.clone();
         let confirmed = node.raft.read(move |kv| {
-            let (dir_version, child) = lookup(kv, ino, &name)?;
+            let dir_version = dir_version(kv, ino)?;
+            let child = child(kv, ino, &name)?;
             Ok((dir_version, child, attr_and_xattrs(kv, child)?))
         });
         // No such name, confirmed, fails the lookup here.
@@ -800,12 +801,15 @@ pub(crate) async fn get_caps(
 /// How many times a lookup picks the child to register a grant on before it gives up.
 const LOOKUP_PICKS_MAX: usize = 8;
 
-/// The version of directory `dir` and the inode its entry `name` names, as a lookup
-/// finds them (no such entry: `NotFound`).
-fn lookup(kv: &impl KvRead, dir: InodeId, name: &[u8]) -> Result<(u64, InodeId), FsError> {
-    let version = stoa_meta::version(kv, dir)?.ok_or(FsError::NotFound)?;
+/// The version of directory `dir` (gone: `NotFound`).
+fn dir_version(kv: &impl KvRead, dir: InodeId) -> Result<u64, FsError> {
+    stoa_meta::version(kv, dir)?.ok_or(FsError::NotFound)
+}
+
+/// The inode the entry `name` of directory `dir` names (no such entry: `NotFound`).
+fn child(kv: &impl KvRead, dir: InodeId, name: &[u8]) -> Result<InodeId, FsError> {
     match stoa_meta::read(kv, &MetaOp::Lookup { parent: dir, name: name.to_vec() })? {
-        MetaResponse::Attr(attr) => Ok((version, attr.ino)),
+        MetaResponse::Attr(attr) => Ok(attr.ino),
         other => Err(FsError::Protocol(format!("lookup answered {other:?}"))),
     }
 }
@@ -868,7 +872,7 @@ pub(crate) async fn get_caps_many(
     let picks = {
         let names = names.clone();
         node.raft.read(move |kv| {
-            let pick = |(i, name): (usize, &Vec<u8>)| Some((i, lookup(kv, dir, name).ok()?.1));
+            let pick = |(i, name): (usize, &Vec<u8>)| Some((i, child(kv, dir, name).ok()?));
             Ok(names.iter().enumerate().filter_map(pick).collect::<Vec<_>>())
         })
     }
@@ -879,10 +883,10 @@ pub(crate) async fn get_caps_many(
     let confirmed = {
         let names = names.clone();
         node.raft.read(move |kv| {
-            let dir_version = stoa_meta::version(kv, dir)?.ok_or(FsError::NotFound)?;
+            let dir_version = dir_version(kv, dir)?;
             let mut found = Vec::new();
             for (&(i, pick), seq) in picks.iter().zip(seqs) {
-                if lookup(kv, dir, &names[i]).is_ok_and(|(_, child)| child == pick) {
+                if child(kv, dir, &names[i]).is_ok_and(|found| found == pick) {
                     found.push((i, CapRef { ino: pick, seq }, attr_and_xattrs(kv, pick)));
                 }
             }

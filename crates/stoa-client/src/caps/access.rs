@@ -78,17 +78,24 @@ impl Client {
         mode: CapMode,
     ) -> Result<(Attr, bool), FsError> {
         let op = MetaOp::GetCaps { ino, name: name.map(<[u8]>::to_vec), mode };
-        let sent = Instant::now();
-        let epoch = self.sh.caps.epoch();
-        let grant = match self.sh.session.call_leader(op, grant_call_max(&self.sh)).await? {
-            MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs } => {
-                Grant { attr, mode, seq, dir_seq, dir_version, xattrs, sent: epoch }
+        let grant = match self.call_grant(op).await? {
+            (MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs }, sent) => {
+                Grant { attr, mode, seq, dir_seq, dir_version, xattrs, sent }
             }
-            other => return Err(unexpected("GetCaps", &other)),
+            (other, _) => return Err(unexpected("GetCaps", &other)),
         };
-        self.renewed(sent).await;
         let stored = self.keep(&grant, name.map(|n| (ino, n)));
         Ok((grant.attr, stored))
+    }
+
+    /// Sends a grant call to the leader, whose answer renews the session's caps. Returns
+    /// the answer and the [`Caps::epoch`] it was asked at.
+    pub(super) async fn call_grant(&self, op: MetaOp) -> Result<(MetaResponse, u64), FsError> {
+        let sent = Instant::now();
+        let epoch = self.sh.caps.epoch();
+        let answer = self.sh.session.call_leader(op, grant_call_max(&self.sh)).await?;
+        self.renewed(sent).await;
+        Ok((answer, epoch))
     }
 
     /// Caches `grant` (of the child `dir` names, for a lookup) unless it was recalled

@@ -92,15 +92,12 @@ impl Client {
             self.sh.caps.lately().ahead(parent, name, cached)
         };
         let Some(names) = names else { return false };
-        let sent = Instant::now();
-        let epoch = self.sh.caps.epoch();
         let op = MetaOp::GetCapsMany { dir: parent, names };
-        let answer = self.sh.session.call_leader(op, grant_call_max(&self.sh)).await;
-        let (dir_seq, dir_version, grants) = match answer {
-            Ok(MetaResponse::Grants { dir_seq, dir_version, grants }) => {
-                (dir_seq, dir_version, grants)
+        let (dir_seq, dir_version, grants, epoch) = match self.call_grant(op).await {
+            Ok((MetaResponse::Grants { dir_seq, dir_version, grants }, epoch)) => {
+                (dir_seq, dir_version, grants, epoch)
             }
-            Ok(other) => {
+            Ok((other, _)) => {
                 tracing::warn!("{}", unexpected("GetCapsMany", &other));
                 return false;
             }
@@ -109,7 +106,6 @@ impl Client {
                 return false;
             }
         };
-        self.renewed(sent).await;
         let mut asked = false;
         for g in grants {
             let grant = Grant {
