@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoa_net::Pool;
 use stoa_proto::{ChunkOp, ChunkRequest, ChunkResponse, Request, Response};
-use stoa_types::{Chain, ChainTable, ChunkId, FsError, NodeId, WriteId};
+use stoa_types::{Chain, ChainTable, ChunkId, FsError, InodeId, NodeId, WriteId};
 
 /// How long a chunk call keeps retrying before the application sees EIO.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -104,6 +104,22 @@ impl ChunkIo {
             Ok(_) | Err(FsError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// The indexes of file `ino`'s chunks that a cut from chunk index `from` must
+    /// truncate, for a file whose size spans indexes up to `to` (exclusive): all of them
+    /// for a few, else those the chunk servers hold ([`stoa_net::chunks_to_cut`]).
+    pub async fn chunks_to_cut(
+        &self,
+        ino: InodeId,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<u64>, FsError> {
+        let chunk = ChunkId { ino, index: from };
+        self.retrying("chunk listing", chunk, |table| async move {
+            stoa_net::chunks_to_cut(&self.pool, &table, ino, from, to, CALL_TIMEOUT).await
+        })
+        .await
     }
 
     /// Makes earlier writes to `chunks` durable on every replica: one Sync per chain, to

@@ -850,7 +850,8 @@ impl FileState {
 
     /// Cuts the file to the size in `set`: flushes, cuts the chunk data on the chunk
     /// servers (the chunk holding the new end to its offset, every later chunk up to the
-    /// old size to nothing), then applies `set` on meta. Data goes first so that a crash
+    /// old size to nothing: of a file much larger than its data, those that exist), then
+    /// applies `set` on meta. Data goes first so that a crash
     /// in between leaves zeros past the new end rather than old bytes reappearing.
     pub async fn truncate(
         self: &Arc<Self>,
@@ -870,7 +871,8 @@ impl FileState {
                 let chunk = ChunkId { ino: self.ino, index: size / cs };
                 sh.io.truncate(chunk, (size % cs) as u32, &deadline).await?;
             }
-            for index in size.div_ceil(cs)..old_size.div_ceil(cs) {
+            let cut = sh.io.chunks_to_cut(self.ino, size.div_ceil(cs), old_size.div_ceil(cs));
+            for index in cut.await? {
                 sh.io.truncate(ChunkId { ino: self.ino, index }, 0, &deadline).await?;
             }
         }

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stoa_meta::Command;
+use stoa_net::chunks_to_cut;
 use stoa_proto::{ChunkOp, ChunkRequest, Request};
 use stoa_types::{
     Chain, ChainId, ChainTable, ChunkId, ClusterId, FsError, InodeId, NodeId, Timestamp,
@@ -338,7 +339,9 @@ fn chunk_count(size: u64, chunk_size_bytes: u32) -> u64 {
 
 /// Truncates every chunk of each garbage inode (`(ino, size)`) to nothing at the head of
 /// its chain, which replicates the deletion down the chain, and returns the inodes some
-/// chunk of which is left (they stay garbage for the next round). The tombstones this
+/// chunk of which is left (they stay garbage for the next round). Of a file much larger
+/// than its data, only the chunks the servers hold ([`chunks_to_cut`]): a deleted 1 PiB
+/// sparse file kept the chunk servers busy with 268 million truncations. The tombstones this
 /// leaves, and chunks beyond `size` (cut off by a truncate before the deletion), go in
 /// the chunk servers' dead-inode sweep once the collection has applied (stoa-chunk
 /// `server/sweep.rs`).
@@ -357,7 +360,16 @@ async fn delete_chunks(
         }
     };
     for &(ino, size) in items {
-        for index in 0..chunk_count(size, chunk_size_bytes) {
+        let count = chunk_count(size, chunk_size_bytes);
+        let indexes =
+            match chunks_to_cut(&node.pool, table, ino, 0, count, CHUNK_CALL_TIMEOUT).await {
+                Ok(indexes) => indexes,
+                Err(e) => {
+                    note((ino, Err(e)));
+                    continue;
+                }
+            };
+        for index in indexes {
             if calls.len() >= GC_PARALLEL {
                 note(calls.join_next().await.expect("set is not empty").map_err(join_err)?);
             }

@@ -12,12 +12,14 @@
 //! the caller's decision: only it knows whether a call is idempotent.
 
 mod conn;
+mod cut;
 mod error;
 mod meta_client;
 mod server;
 mod wire;
 
 pub use conn::{Conn, Pool};
+pub use cut::{chunks_to_cut, CUT_BY_INDEX_MAX};
 pub use error::NetError;
 pub use meta_client::MetaClient;
 pub use server::{bind, serve, Handler};

@@ -4,7 +4,7 @@
 //! Chunk data travels as the frame payload, never inside the message head.
 
 use serde::{Deserialize, Serialize};
-use stoa_types::{ChainId, ChunkId, WriteId, WriteRecord};
+use stoa_types::{ChainId, ChunkId, InodeId, WriteId, WriteRecord};
 
 /// One request to a chunk server. `chain` and `chain_version` name the chain the caller
 /// believes holds the chunk; a server whose chain table has another version refuses the
@@ -65,7 +65,16 @@ pub enum ChunkOp {
         id: Option<WriteId>,
         durable: bool,
     },
+    /// Lists the indexes of the chunks of file `ino`, at `from` or past it, that this
+    /// server holds, of every chain (tombstones too), in order, at most `limit` of them
+    /// ([`CHUNKS_OF_MAX`]). Answered with [`ChunkResponse::Indexes`]. A truncation or
+    /// deletion of a file much larger than its data cuts what is there instead of every
+    /// index its size spans.
+    ChunksOf { ino: InodeId, from: u64, limit: u32 },
 }
+
+/// The most indexes one `ChunksOf` answers.
+pub const CHUNKS_OF_MAX: u32 = 65_536;
 
 impl ChunkOp {
     /// For a replicated mutation (write, ranges, truncate), the version it carries:
@@ -115,7 +124,7 @@ impl ChunkOp {
             | ChunkOp::Truncate { chunk, .. }
             | ChunkOp::FetchChunk { chunk }
             | ChunkOp::Install { chunk, .. } => Some(*chunk),
-            ChunkOp::Sync { .. } | ChunkOp::ListChunks => None,
+            ChunkOp::Sync { .. } | ChunkOp::ListChunks | ChunkOp::ChunksOf { .. } => None,
         }
     }
 }
@@ -136,6 +145,8 @@ pub enum ChunkResponse {
         version: u64,
         writes: Vec<WriteRecord>,
     },
+    /// Chunk indexes, in order (the answer to `ChunksOf`).
+    Indexes(Vec<u64>),
 }
 
 /// One chunk a server holds, as `ListChunks` reports it.
@@ -154,7 +165,6 @@ pub struct ChunkListing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stoa_types::InodeId;
 
     #[test]
     fn a_mutation_is_forwarded_at_the_version_the_head_assigned_and_keeps_one_it_had() {

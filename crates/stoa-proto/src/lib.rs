@@ -21,7 +21,7 @@ mod frame;
 mod lock;
 mod meta;
 
-pub use chunk::{ChunkListing, ChunkOp, ChunkRequest, ChunkResponse};
+pub use chunk::{ChunkListing, ChunkOp, ChunkRequest, ChunkResponse, CHUNKS_OF_MAX};
 pub use frame::{
     decode_head, encode_frame, FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN, HEAD_LEN_MAX,
     PAYLOAD_LEN_MAX,
@@ -57,7 +57,8 @@ use stoa_types::FsError;
 /// 10: `BatchOp::SetAttr` may set times.
 /// 11: grants carry the inode's xattrs ([`meta::XATTRS_IN_GRANT_MAX`]).
 /// 12: `GetCapsMany`: one call looks up many names of a directory.
-pub const PROTOCOL_VERSION: u8 = 12;
+/// 13: `ChunksOf`: which chunks of a file a chain member holds.
+pub const PROTOCOL_VERSION: u8 = 13;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -73,6 +73,51 @@ fn large_file(m: &Path) {
     std::fs::remove_file(&f).unwrap();
 }
 
+/// A sparse file of 1 PiB (as `truncate -s`, or a raw disk image made by `qemu-img
+/// create`, makes one) is cut back and removed as fast as its data allows, and nothing
+/// cut off reads again once the file grows back. A cut went through every chunk index
+/// the old size spanned, one call each: 268 million of them, hours in the kernel.
+fn sparse_file(m: &Path, other: &Path) {
+    const PIB: u64 = 1 << 50;
+    const MID: u64 = 5 << 30;
+    let f = m.join("sparse");
+    let mut open = std::fs::OpenOptions::new();
+    let h = open.create(true).truncate(true).read(true).write(true).open(&f).unwrap();
+    h.set_len(PIB).unwrap();
+    h.write_all_at(b"head", 0).unwrap();
+    h.write_all_at(b"mid", MID).unwrap();
+    h.write_all_at(b"tail", PIB - 4).unwrap();
+    let read = |h: &std::fs::File, at: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        h.read_exact_at(&mut buf, at).unwrap();
+        buf
+    };
+    assert_eq!(read(&h, PIB - 4, 4), b"tail");
+    // Bounded, so that a cut that goes index by index fails here instead of hanging.
+    let cut = |h: &std::fs::File, size: u64| {
+        let h = h.try_clone().unwrap();
+        let (done, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(h.set_len(size)).unwrap());
+        let outcome = wait.recv_timeout(std::time::Duration::from_secs(120));
+        outcome.expect("a cut of a 1 PiB sparse file did not end within 2 minutes").unwrap();
+    };
+    cut(&h, MID + 1);
+    h.set_len(PIB).unwrap();
+    assert_eq!(read(&h, PIB - 4, 4), [0; 4], "cut-off bytes came back");
+    assert_eq!(read(&h, MID, 3), b"m\0\0");
+    let o = std::fs::File::open(other.join("sparse")).unwrap();
+    assert_eq!(o.metadata().unwrap().len(), PIB);
+    assert_eq!(read(&o, PIB - 4, 4), [0; 4], "the other mount reads cut-off bytes");
+    assert_eq!(read(&o, 0, 4), b"head");
+    drop(o);
+    cut(&h, 2);
+    h.set_len(PIB).unwrap();
+    assert_eq!(read(&h, 0, 4), b"he\0\0");
+    assert_eq!(read(&h, MID, 3), [0; 3]);
+    drop(h);
+    std::fs::remove_file(&f).unwrap();
+}
+
 fn directories(m: &Path) {
     let d = m.join("dir");
     std::fs::create_dir(&d).unwrap();
@@ -447,6 +492,7 @@ fn everyday_operations_behave_like_a_local_filesystem() {
     set_id_bits(&m, &other.path.join("posix"));
     removed_directory(&m, &other.path.join("posix"));
     preallocation(&m, &other.path.join("posix"));
+    sparse_file(&m, &other.path.join("posix"));
     drop(other);
     mmap_and_fsync(&m);
     large_file(&m);

@@ -35,9 +35,9 @@ use std::time::Duration;
 use stoa_net::{Handler, MetaClient, Pool};
 use stoa_proto::{
     ChunkListing, ChunkOp, ChunkRequest, ChunkResponse, MetaOp, MetaRequest, MetaResponse,
-    RepairProgress, Reply, Request, Response,
+    RepairProgress, Reply, Request, Response, CHUNKS_OF_MAX,
 };
-use stoa_types::{Chain, ChainId, ChunkId, FsError, NodeId, RequestId, SessionId};
+use stoa_types::{Chain, ChainId, ChunkId, FsError, InodeId, NodeId, RequestId, SessionId};
 use table::ChainView;
 use tokio::task::JoinSet;
 
@@ -384,6 +384,10 @@ impl Server {
                 Ok((ChunkResponse::Done, none))
             }
             ChunkOp::ListChunks => Ok((ChunkResponse::Chunks(self.list(chain.id).await?), none)),
+            ChunkOp::ChunksOf { ino, from, limit } => {
+                let indexes = self.chunks_of(ino, from, limit).await?;
+                Ok((ChunkResponse::Indexes(indexes), none))
+            }
             ChunkOp::FetchChunk { chunk } => {
                 let fetched = self.disk(move |e| e.fetch(chunk)).await;
                 let copy = self.checked(chunk, fetched)?;
@@ -415,9 +419,10 @@ impl Server {
             | ChunkOp::Truncate { .. }
             | ChunkOp::Install { .. }
             | ChunkOp::Sync { .. } => Role::WritePath,
-            ChunkOp::Read { .. } | ChunkOp::ListChunks | ChunkOp::FetchChunk { .. } => {
-                Role::ActiveMember
-            }
+            ChunkOp::Read { .. }
+            | ChunkOp::ListChunks
+            | ChunkOp::ChunksOf { .. }
+            | ChunkOp::FetchChunk { .. } => Role::ActiveMember,
         };
         let me = self.node;
         let (ok, what) = match role {
@@ -452,6 +457,20 @@ impl Server {
         Ok(all
             .into_iter()
             .filter(|l| table.chain_for(l.chunk).is_some_and(|c| c.id == chain))
+            .collect())
+    }
+
+    /// The indexes of file `ino`'s chunks at `from` or past it that this server holds,
+    /// of every chain, in order, at most `limit` ([`CHUNKS_OF_MAX`]). It reads the names
+    /// of every chunk file here, no header: what a file's data is made of, however large
+    /// its size says it is.
+    async fn chunks_of(&self, ino: InodeId, from: u64, limit: u32) -> Result<Vec<u64>, FsError> {
+        let held = self.disk(|e| e.chunk_ids()).await?;
+        Ok(held
+            .into_iter()
+            .filter(|c| c.ino == ino && c.index >= from)
+            .map(|c| c.index)
+            .take(limit.min(CHUNKS_OF_MAX) as usize)
             .collect())
     }
 

@@ -1063,3 +1063,57 @@ async fn the_sweep_removes_every_chunk_of_dead_inodes_and_only_those() {
     })
     .await;
 }
+
+/// A cut of a file far larger than its data goes by the chunks the servers hold, not by
+/// every index its size spans (a `truncate -s 0` of a 1 PiB sparse file made 268 million
+/// calls): `ChunksOf` names every chunk of the file a server holds from an index on,
+/// tombstones too, in pages; `chunks_to_cut` asks every server, keeps nothing below the
+/// cut, and fails when no member of a chain answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_of_a_huge_sparse_file_lists_the_chunks_held() {
+    bounded(async {
+        let c = Cluster::start().await;
+        let chain = c.chain();
+        let far = 1u64 << 40;
+        for index in [0, 3, 70_000, far] {
+            c.write(&chain, chunk(index), 0, b"x").await;
+        }
+        c.write(&chain, ChunkId { ino: InodeId(78), index: 5 }, 0, b"other file").await;
+        let tombstone = ChunkOp::Truncate { chunk: chunk(3), len: 0, version: None, id: None };
+        c.call(0, &chain, tombstone, b"").await.unwrap();
+
+        let op = |from, limit| ChunkOp::ChunksOf { ino: InodeId(77), from, limit };
+        for i in 0..3 {
+            let (answer, _) = c.call(i, &chain, op(1, 2), b"").await.unwrap();
+            assert_eq!(answer, ChunkResponse::Indexes(vec![3, 70_000]), "server {i}");
+        }
+        let (answer, _) = c.call(2, &chain, op(70_001, 100), b"").await.unwrap();
+        assert_eq!(answer, ChunkResponse::Indexes(vec![far]));
+
+        let table = c.meta.table();
+        let cut = |table: ChainTable, from, to| {
+            let pool = c.pool.clone();
+            async move {
+                let timeout = Duration::from_secs(10);
+                stoa_net::chunks_to_cut(&pool, &table, InodeId(77), from, to, timeout).await
+            }
+        };
+        assert_eq!(cut(table.clone(), 1, far + 1).await.unwrap(), vec![3, 70_000, far]);
+        assert_eq!(cut(table.clone(), 4, 5).await.unwrap(), vec![4], "a few go by index");
+
+        // Two members that cannot be reached: the third answers for the chain.
+        let gone = stoa_net::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let gone_addr = gone.local_addr().unwrap();
+        drop(gone);
+        let mut some_gone = table.clone();
+        for node in &mut some_gone.nodes[..2] {
+            node.addr = gone_addr;
+        }
+        assert_eq!(cut(some_gone.clone(), 1, far + 1).await.unwrap(), vec![3, 70_000, far]);
+        some_gone.nodes[2].addr = gone_addr;
+        let err = cut(some_gone, 1, far + 1).await.unwrap_err();
+        assert!(matches!(err, FsError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("no member of chain 0"), "{err}");
+    })
+    .await;
+}
