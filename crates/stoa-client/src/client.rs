@@ -407,9 +407,9 @@ impl Client {
 
     /// `fallocate(2)` of `len` bytes at `offset`. Stoa keeps no blocks ahead of their
     /// bytes, so reserving space only makes the file at least `offset + len` long, or
-    /// nothing with `keep_size`; a hole punched or a range zeroed (`zero`) is written
-    /// with zeros where it lies within the file, and a zeroed range past the end grows
-    /// it unless `keep_size`. Made under an exclusive cap, as an append is: the size it
+    /// nothing with `keep_size`; a hole punched or a range zeroed (`zero`) reads as
+    /// zeros where it lies within the file ([`Client::zero`]), and a zeroed range past
+    /// the end grows it unless `keep_size`. Made under an exclusive cap, as an append is: the size it
     /// goes by is the one every mount sees, so it never cuts what another mount wrote
     /// past it.
     pub async fn fallocate(
@@ -427,16 +427,10 @@ impl Client {
         let access = self.access(ino, CapMode::Exclusive).await?;
         let size = self.size_under_cap(&handle).await?;
         self.check_session(&handle)?;
-        if zero {
-            // Past the end, the file grows below, and reads zeros there.
-            let zeroed = end.min(size);
-            let zeros = vec![0u8; ZERO_PIECE.min(zeroed.saturating_sub(offset)) as usize];
-            let mut at = offset;
-            while at < zeroed {
-                let n = ZERO_PIECE.min(zeroed - at) as usize;
-                handle.file.write(&self.sh, at, &zeros[..n], &handle.errors).await?;
-                at += n as u64;
-            }
+        // Past the end, the file grows below, and reads zeros there.
+        let zeroed = end.min(size);
+        if zero && offset < zeroed {
+            self.zero(&handle, offset, zeroed).await?;
         }
         if end > size && !keep_size {
             let sent = self.sh.caps.epoch();
@@ -446,6 +440,32 @@ impl Client {
         }
         if let Access::Uncapped { .. } = access {
             handle.file.flush(&self.sh, &handle.errors).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes `[start, end)` of the handle's file read as zeros: its whole chunks are
+    /// punched out (those that hold data are cut to nothing and take no space), and the
+    /// parts of chunks at its ends are written with zeros. Writing zeros over all of it
+    /// took as long as the range was large: 1 PiB of a sparse file, for ever.
+    async fn zero(&self, handle: &OpenHandle, start: u64, end: u64) -> Result<(), FsError> {
+        let cs = u64::from(self.sh.chunk_size);
+        let whole = start.div_ceil(cs)..end / cs;
+        let mut written = [start..end, end..end];
+        if !whole.is_empty() {
+            let sent = self.sh.caps.epoch();
+            let attr = handle.file.punch(&self.sh, whole.clone()).await?;
+            self.sh.caps.update_attr(attr, sent);
+            written = [start..whole.start * cs, whole.end * cs..end];
+        }
+        let zeros = vec![0u8; ZERO_PIECE.min(end - start) as usize];
+        for piece in written {
+            let mut at = piece.start;
+            while at < piece.end {
+                let n = ZERO_PIECE.min(piece.end - at) as usize;
+                handle.file.write(&self.sh, at, &zeros[..n], &handle.errors).await?;
+                at += n as u64;
+            }
         }
         Ok(())
     }

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use stoa_proto::{CapMode, Commit, MetaOp, MetaResponse};
-use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr, Timestamp};
+use stoa_types::{Attr, ChunkId, FsError, InodeId, SessionId, SetAttr, SetTime, Timestamp};
 use tokio::sync::Notify;
 
 /// Chunk writes one file may have queued or in flight before its writer waits.
@@ -851,8 +851,8 @@ impl FileState {
     /// Cuts the file to the size in `set`: flushes, cuts the chunk data on the chunk
     /// servers (the chunk holding the new end to its offset, every later chunk up to the
     /// old size to nothing: of a file much larger than its data, those that exist), then
-    /// applies `set` on meta. Data goes first so that a crash
-    /// in between leaves zeros past the new end rather than old bytes reappearing.
+    /// applies `set` on meta. Data goes first so that a crash in between leaves zeros
+    /// past the new end rather than old bytes reappearing.
     pub async fn truncate(
         self: &Arc<Self>,
         sh: &Arc<Shared>,
@@ -860,26 +860,61 @@ impl FileState {
         old_size: u64,
     ) -> Result<Attr, FsError> {
         let size = set.size.expect("truncate needs a size");
+        let cs = u64::from(sh.chunk_size);
+        self.cut(sh, set, |known| {
+            let old_size = old_size.max(known.unwrap_or(0));
+            if size >= old_size {
+                return (None, 0..0);
+            }
+            let partial = (!size.is_multiple_of(cs)).then(|| (size / cs, (size % cs) as u32));
+            (partial, size.div_ceil(cs)..old_size.div_ceil(cs))
+        })
+        .await
+    }
+
+    /// Punches a hole of the whole chunks `whole`: cuts those that hold data to nothing
+    /// (they read as zeros and take no space), and marks the file changed on meta.
+    pub async fn punch(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        whole: std::ops::Range<u64>,
+    ) -> Result<Attr, FsError> {
+        let set = SetAttr { mtime: Some(SetTime::Now), ..SetAttr::default() };
+        self.cut(sh, set, |_| (None, whole)).await
+    }
+
+    /// Stops the file's I/O and sends its buffered writes (so that none lands in what
+    /// is cut), then cuts what `plan` says, given the size this client knows of the
+    /// file: a chunk to a length, and the chunks of a range that hold data to nothing
+    /// ([`ChunkIo::chunks_to_cut`](crate::chunk_io::ChunkIo::chunks_to_cut)); then
+    /// applies `set` on meta.
+    async fn cut(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        set: SetAttr,
+        plan: impl FnOnce(Option<u64>) -> (Option<(u64, u32)>, std::ops::Range<u64>),
+    ) -> Result<Attr, FsError> {
         let _io = self.io_lock.write().await;
         self.flush_unowned(sh).await?;
-        let old_size = old_size.max(self.lock().size().unwrap_or(0));
-        if size < old_size {
-            let cs = u64::from(sh.chunk_size);
-            let generation = sh.caps.generation();
-            let deadline = || sh.caps.write_deadline(generation);
-            if !size.is_multiple_of(cs) {
-                let chunk = ChunkId { ino: self.ino, index: size / cs };
-                sh.io.truncate(chunk, (size % cs) as u32, &deadline).await?;
-            }
-            let cut = sh.io.chunks_to_cut(self.ino, size.div_ceil(cs), old_size.div_ceil(cs));
-            for index in cut.await? {
+        let (partial, whole) = plan(self.lock().size());
+        let generation = sh.caps.generation();
+        let deadline = || sh.caps.write_deadline(generation);
+        if let Some((index, len)) = partial {
+            sh.io.truncate(ChunkId { ino: self.ino, index }, len, &deadline).await?;
+        }
+        if !whole.is_empty() {
+            for index in sh.io.chunks_to_cut(self.ino, whole.start, whole.end).await? {
                 sh.io.truncate(ChunkId { ino: self.ino, index }, 0, &deadline).await?;
             }
         }
         self.lock().prefetched.clear();
+        let sets_size = set.size.is_some();
         let attr = sh.session.call_attr(MetaOp::SetAttr { ino: self.ino, set }).await?;
         let mut inner = self.lock();
-        inner.uncommitted_end = 0;
+        if sets_size {
+            // The size set replaces whatever this client wrote past it.
+            inner.uncommitted_end = 0;
+        }
         inner.learn(&attr);
         Ok(attr)
     }

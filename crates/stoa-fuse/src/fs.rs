@@ -1122,7 +1122,7 @@ impl Filesystem for StoaFs {
     }
 
     /// Reserving space makes the file long enough, punching a hole or zeroing a range
-    /// writes zeros ([`Client::fallocate`]); moving ranges (`FALLOC_FL_COLLAPSE_RANGE`,
+    /// frees its whole chunks and writes zeros at its ends ([`Client::fallocate`]); moving ranges (`FALLOC_FL_COLLAPSE_RANGE`,
     /// `FALLOC_FL_INSERT_RANGE`) is `EOPNOTSUPP`, as on filesystems without extents.
     /// The kernel drops its pages of a zeroed range and learns a new size itself.
     fn fallocate(

@@ -18,6 +18,7 @@
 
 use crate::Pool;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::time::Duration;
 use stoa_proto::{ChunkOp, ChunkRequest, ChunkResponse, Request, Response, CHUNKS_OF_MAX};
 use stoa_types::{Chain, ChainTable, FsError, InodeId, NodeId};
@@ -28,9 +29,8 @@ pub const CUT_BY_INDEX_MAX: u64 = 1024;
 
 /// The indexes of file `ino`'s chunks that a cut from chunk index `from` must truncate,
 /// for a file whose size spans chunk indexes up to `to` (exclusive): every index from
-/// `from` to `to` when there are at most [`CUT_BY_INDEX_MAX`], else the indexes at
-/// `from` or past it that the chunk servers of `table` hold (those past `to` too,
-/// left over from an earlier cut). Fails when some chain had no member answer.
+/// `from` to `to` when there are at most [`CUT_BY_INDEX_MAX`], else those of them that
+/// the chunk servers of `table` hold. Fails when some chain had no member answer.
 pub async fn chunks_to_cut(
     pool: &Pool,
     table: &ChainTable,
@@ -53,10 +53,10 @@ pub async fn chunks_to_cut(
     let mut answered: BTreeSet<NodeId> = BTreeSet::new();
     let mut failure = None;
     for (&node, chain) in &servers {
-        match held_by(pool, table, node, chain, ino, from, timeout).await {
+        match held_by(pool, table, node, chain, ino, from..to, timeout).await {
             Ok(indexes) => {
-                // Never below `from`, whatever a server answers: those chunks stay.
-                held.extend(indexes.into_iter().filter(|&index| index >= from));
+                // Nothing outside the range, whatever a server answers: those chunks stay.
+                held.extend(indexes.into_iter().filter(|index| (from..to).contains(index)));
                 answered.insert(node);
             }
             Err(e) => failure = Some(e),
@@ -74,17 +74,18 @@ pub async fn chunks_to_cut(
     Ok(held.into_iter().collect())
 }
 
-/// Every index of `ino`'s chunks at `from` or past it that server `node` holds, page by
-/// page.
+/// The indexes of `ino`'s chunks in `range` that server `node` holds, page by page (the
+/// last page may run past the range).
 async fn held_by(
     pool: &Pool,
     table: &ChainTable,
     node: NodeId,
     chain: &Chain,
     ino: InodeId,
-    mut from: u64,
+    range: Range<u64>,
     timeout: Duration,
 ) -> Result<Vec<u64>, FsError> {
+    let mut from = range.start;
     let addr = table
         .addr(node)
         .ok_or_else(|| FsError::Unavailable(format!("chunk server {node} has no address")))?;
@@ -113,7 +114,7 @@ async fn held_by(
             _ => {}
         }
         all.extend(page);
-        if !full {
+        if !full || from >= range.end {
             return Ok(all);
         }
     }

@@ -114,6 +114,20 @@ fn sparse_file(m: &Path, other: &Path) {
     h.set_len(PIB).unwrap();
     assert_eq!(read(&h, 0, 4), b"he\0\0");
     assert_eq!(read(&h, MID, 3), [0; 3]);
+    // A hole punched over nearly all of it: as quick, and only the ends are left.
+    h.write_all_at(b"mid", MID).unwrap();
+    h.write_all_at(b"end", PIB - 3).unwrap();
+    let punch = h.try_clone().unwrap();
+    let (done, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        done.send(fallocate(&punch, mode, 1, PIB as i64 - 2)).unwrap()
+    });
+    let punched = wait.recv_timeout(std::time::Duration::from_secs(120));
+    punched.expect("a hole of 1 PiB was not punched within 2 minutes").unwrap();
+    assert_eq!(read(&h, 0, 4), b"h\0\0\0");
+    assert_eq!(read(&h, MID, 3), [0; 3]);
+    assert_eq!(read(&h, PIB - 3, 3), b"\0\0d");
     drop(h);
     std::fs::remove_file(&f).unwrap();
 }
@@ -456,6 +470,17 @@ fn preallocation(m: &Path, other: &Path) {
         let got = std::fs::read(path).unwrap();
         assert_eq!(got.len(), 20_100, "{}", path.display());
         assert_eq!(&got[20_000..], &there[..], "{}", path.display());
+    }
+    // Over whole chunks (4 MiB): those are cut out, the parts at the range's ends zeroed.
+    for (mode, offset, len) in [(PUNCH | KEEP, 1 << 20, 11 << 20), (ZERO, 4 << 20, 8 << 20)] {
+        let mut want = pattern(11, 0, 13 << 20);
+        file.write_all_at(&want, 0).unwrap();
+        fallocate(&file, mode, offset, len).unwrap();
+        want[offset as usize..(offset + len) as usize].fill(0);
+        for path in [&f, &g] {
+            let got = std::fs::read(path).unwrap();
+            assert!(got == want, "mode {mode:#x}: the bytes of {}", path.display());
+        }
     }
 }
 
