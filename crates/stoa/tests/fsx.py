@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An fsx-style check of file data across two mounts of one cluster.
 
-Usage: fsx.py MOUNT_A MOUNT_B SEED OPS
+Usage: fsx.py MOUNT_A MOUNT_B SEED OPS [MAX_MIB]
 
 Makes OPS random operations on four files, each on a mount picked at random: writes at
 random offsets and lengths, O_APPEND writes, truncates (by handle and by path),
@@ -11,7 +11,9 @@ writes through a shared mapping (msync or not), copy_file_range between the file
 closes of open handles, and replacement of a file by rename. Every read and stat is
 checked against a model of the bytes kept here, so each answer must show every change
 that returned before it, on either mount. Prints the last operations on a mismatch and
-exits 1; exits 2 when one operation takes longer than 60 s (a hang).
+exits 1; exits 2 when one operation takes longer than 60 s (a hang). Files stay under
+MAX_MIB MiB (3 by default, within one 4 MiB chunk; more makes truncates and fallocates
+span whole chunks).
 """
 import ctypes
 import mmap
@@ -28,7 +30,7 @@ seed = int(sys.argv[3])
 nops = int(sys.argv[4])
 rnd = random.Random(seed)
 DIR = "fsx%d" % seed
-MAXLEN = 3 * 1024 * 1024
+MAXLEN = int(sys.argv[5] if len(sys.argv) > 5 else 3) * 1024 * 1024
 NF = 4
 os.makedirs(os.path.join(A, DIR), exist_ok=True)
 model = {i: bytearray() for i in range(NF)}
