@@ -409,9 +409,9 @@ impl Client {
     /// bytes, so reserving space only makes the file at least `offset + len` long, or
     /// nothing with `keep_size`; a hole punched or a range zeroed (`zero`) reads as
     /// zeros where it lies within the file ([`Client::zero`]), and a zeroed range past
-    /// the end grows it unless `keep_size`. Made under an exclusive cap, as an append is: the size it
-    /// goes by is the one every mount sees, so it never cuts what another mount wrote
-    /// past it.
+    /// the end grows it unless `keep_size`. Made under an exclusive cap, as an append
+    /// is: the size it goes by is the one every mount sees, so it never cuts what
+    /// another mount wrote past it.
     pub async fn fallocate(
         &self,
         fh: FileHandle,

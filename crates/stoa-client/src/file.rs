@@ -902,10 +902,8 @@ impl FileState {
         if let Some((index, len)) = partial {
             sh.io.truncate(ChunkId { ino: self.ino, index }, len, &deadline).await?;
         }
-        if !whole.is_empty() {
-            for index in sh.io.chunks_to_cut(self.ino, whole.start, whole.end).await? {
-                sh.io.truncate(ChunkId { ino: self.ino, index }, 0, &deadline).await?;
-            }
+        for index in sh.io.chunks_to_cut(self.ino, whole.start, whole.end).await? {
+            sh.io.truncate(ChunkId { ino: self.ino, index }, 0, &deadline).await?;
         }
         self.lock().prefetched.clear();
         let sets_size = set.size.is_some();

@@ -1,5 +1,5 @@
-//! Which chunks a truncation or deletion of a file must cut: shared by the client (a
-//! truncation) and meta (the deletion of a removed file's data).
+//! Which chunks a cut of a file's data must truncate: shared by the client (a truncation,
+//! a punched hole) and meta (the deletion of a removed file's data).
 //!
 //! A file's size says which chunk indexes it spans, not which chunks hold data: a sparse
 //! file of 1 PiB (`truncate -s 1P`, a raw disk image made with `qemu-img create`) spans
@@ -9,8 +9,8 @@
 //! servers are asked which chunks of the file they hold (`ChunksOf`), and only those are
 //! cut: the work follows the data, not the size.
 //!
-//! Invariant: every chunk of the file at the first index or past it that some active
-//! member of its chain holds is in the answer. Each server is asked once (for every
+//! Invariant: every chunk of the file in the range cut that some active member of its
+//! chain holds is in the answer, and nothing outside the range is. Each server is asked once (for every
 //! chain it is a member of: it answers every chunk of the file it holds), and the answer
 //! stands only if every chain had a member answer; chain replication gives every member
 //! of a chain the same chunks, but for writes still on their way down the chain, which
@@ -86,13 +86,13 @@ async fn held_by(
     timeout: Duration,
 ) -> Result<Vec<u64>, FsError> {
     let mut from = range.start;
+    let (chain, chain_version) = (chain.id, chain.version);
     let addr = table
         .addr(node)
         .ok_or_else(|| FsError::Unavailable(format!("chunk server {node} has no address")))?;
     let mut all = Vec::new();
     loop {
         let op = ChunkOp::ChunksOf { ino, from, limit: CHUNKS_OF_MAX };
-        let (chain, chain_version) = (chain.id, chain.version);
         let req = Request::Chunk(ChunkRequest { chain, chain_version, op, deadline_ms: 0 });
         let page = match pool.call(addr, &req, bytes::Bytes::new(), timeout).await? {
             (Response::Chunk(ChunkResponse::Indexes(page)), _) => page,
