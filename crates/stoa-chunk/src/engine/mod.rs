@@ -58,7 +58,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 use stoa_proto::ChunkListing;
-use stoa_types::{ChunkId, FsError, WriteId, WriteRecord};
+use stoa_types::{ChunkId, FsError, InodeId, WriteId, WriteRecord};
 
 /// The largest chunk the engine stores; a frame payload carries at most a little more.
 pub const CHUNK_LEN_MAX: u32 = 64 * 1024 * 1024;
@@ -618,6 +618,27 @@ impl Engine {
         out.sort();
         out.dedup();
         Ok(out)
+    }
+
+    /// The indexes of file `ino`'s chunks at `from` or past it that have any file here
+    /// (as [`Engine::chunk_ids`] finds them), in order, the first `limit` of them. Reads
+    /// names only, and keeps no more than `limit` at a time, however many chunks the
+    /// store holds.
+    pub fn chunks_of(&self, ino: InodeId, from: u64, limit: usize) -> Result<Vec<u64>, FsError> {
+        let mut first = std::collections::BTreeSet::new();
+        self.for_each_file(|name| {
+            match parse_file_name(name) {
+                Some(c) if c.ino == ino && c.index >= from => {
+                    first.insert(c.index);
+                    if first.len() > limit {
+                        first.pop_last();
+                    }
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        Ok(first.into_iter().collect())
     }
 
     /// Removes the chunk: its file (a tombstone too) and any unfinished install of it.

@@ -465,13 +465,8 @@ impl Server {
     /// of every chunk file here, no header: what a file's data is made of, however large
     /// its size says it is.
     async fn chunks_of(&self, ino: InodeId, from: u64, limit: u32) -> Result<Vec<u64>, FsError> {
-        let held = self.disk(|e| e.chunk_ids()).await?;
-        Ok(held
-            .into_iter()
-            .filter(|c| c.ino == ino && c.index >= from)
-            .map(|c| c.index)
-            .take(limit.min(CHUNKS_OF_MAX) as usize)
-            .collect())
+        let limit = limit.min(CHUNKS_OF_MAX) as usize;
+        self.disk(move |e| e.chunks_of(ino, from, limit)).await
     }
 
     /// Makes `chunks` durable here and on the rest of the chain; answers when both are
