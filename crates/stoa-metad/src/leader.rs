@@ -341,9 +341,9 @@ fn chunk_count(size: u64, chunk_size_bytes: u32) -> u64 {
 /// its chain, which replicates the deletion down the chain, and returns the inodes some
 /// chunk of which is left (they stay garbage for the next round). Of a file much larger
 /// than its data, only the chunks the servers hold ([`chunks_to_cut`]): a deleted 1 PiB
-/// sparse file kept the chunk servers busy with 268 million truncations. The tombstones this
-/// leaves, and chunks beyond `size` (cut off by a truncate before the deletion), go in
-/// the chunk servers' dead-inode sweep once the collection has applied (stoa-chunk
+/// sparse file kept the chunk servers busy with 268 million truncations. The tombstones
+/// this leaves, and chunks beyond `size` (cut off by a truncate before the deletion), go
+/// in the chunk servers' dead-inode sweep once the collection has applied (stoa-chunk
 /// `server/sweep.rs`).
 async fn delete_chunks(
     node: &Node,
