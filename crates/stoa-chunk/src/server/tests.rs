@@ -1067,8 +1067,8 @@ async fn the_sweep_removes_every_chunk_of_dead_inodes_and_only_those() {
 /// A cut of a file far larger than its data goes by the chunks the servers hold, not by
 /// every index its size spans (a `truncate -s 0` of a 1 PiB sparse file made 268 million
 /// calls): `ChunksOf` names every chunk of the file a server holds from an index on,
-/// tombstones too, in pages; `chunks_to_cut` asks every server, keeps nothing below the
-/// cut, and fails when no member of a chain answers.
+/// tombstones too, in pages; `chunks_to_cut` asks every server, keeps nothing outside
+/// the range cut, and fails when no member of a chain answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_of_a_huge_sparse_file_lists_the_chunks_held() {
     bounded(async {
