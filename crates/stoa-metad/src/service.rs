@@ -26,7 +26,9 @@ use std::time::Duration;
 use stoa_meta::Command;
 use stoa_net::{Handler, Pool};
 use stoa_proto::{BatchOp, MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
-use stoa_types::{FsError, InodeId, NodeId, RequestId, SessionId, StatFs, Timestamp};
+use stoa_types::{
+    FsError, InodeId, NodeId, RequestId, SessionId, StatFs, Timestamp, XATTR_BYTES_MAX,
+};
 
 /// How long a forwarded request may take at the leader.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -149,6 +151,24 @@ impl Node {
         }
     }
 
+    /// Refuses (`NoSpace`) an xattr `name` of `len` bytes that would take `ino` past
+    /// [`XATTR_BYTES_MAX`]. Checked here, before the change is proposed, not where it
+    /// applies: a log written by an older build must apply the same on every replica.
+    /// So two sets at once may pass it together, by a value each at most. Without a
+    /// bound one file took any number of 64 KiB values, and every grant of it read up
+    /// to 4,097 of them (256 MiB) to find them too many to carry.
+    async fn check_xattr_room(&self, ino: InodeId, name: &[u8], len: usize) -> Result<(), FsError> {
+        let held = self.raft.read(move |kv| stoa_meta::xattrs(kv, ino, XATTR_BYTES_MAX)).await?;
+        let others: Option<usize> = held.map(|rows| {
+            let others = rows.iter().filter(|(n, _)| n.as_slice() != name);
+            others.map(|(n, v)| n.len() + v.len()).sum()
+        });
+        match others {
+            Some(bytes) if bytes + name.len() + len <= XATTR_BYTES_MAX => Ok(()),
+            _ => Err(FsError::NoSpace),
+        }
+    }
+
     async fn mutate(&self, req: MetaRequest) -> Result<MetaResponse, FsError> {
         let view = self.raft.view();
         if view.role != Role::Leader {
@@ -190,6 +210,9 @@ impl Node {
         };
         if let Some(ino) = locking {
             caps::recall_lock_keeper(self, session, ino).await?;
+        }
+        if let MetaOp::SetXattr { ino, name, value, .. } = &req.op {
+            self.check_xattr_room(*ino, name, value.len()).await?;
         }
         let closing = matches!(req.op, MetaOp::CloseSession);
         let answer = self.raft.propose(Command::Client { req, now: Timestamp::now() }).await;

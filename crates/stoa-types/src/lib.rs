@@ -21,6 +21,9 @@ pub const NAME_LEN_MAX: usize = 255;
 pub const PATH_LEN_MAX: usize = 4096;
 /// Largest xattr value, in bytes (as on Linux).
 pub const XATTR_VALUE_LEN_MAX: usize = 64 * 1024;
+/// Most bytes of xattrs (names and values) one inode may hold; a set past it is
+/// `ENOSPC`, as on ext4 when an inode's xattr space is full.
+pub const XATTR_BYTES_MAX: usize = 1024 * 1024;
 /// Longest xattr name, in bytes (as on Linux).
 pub const XATTR_NAME_LEN_MAX: usize = 255;
 /// The namespaces an xattr name may be in. `system.` holds what a filesystem interprets

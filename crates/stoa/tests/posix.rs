@@ -316,6 +316,23 @@ fn attributes(m: &Path) {
         let bogus = CString::new("bogus.color").unwrap();
         assert_eq!(libc::setxattr(c(&f).as_ptr(), bogus.as_ptr(), b"x".as_ptr().cast(), 1, 0), -1);
         assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EOPNOTSUPP));
+        // 1 MiB of xattrs a file at most: 17 of 60,000 bytes fit (with their 8-byte
+        // names), an 18th is ENOSPC, one replaced in place still fits, and one removed
+        // makes room.
+        let big = vec![b'v'; 60_000];
+        let set = |i: usize| {
+            let name = CString::new(format!("user.k{i:02}")).unwrap();
+            libc::setxattr(c(&f).as_ptr(), name.as_ptr(), big.as_ptr().cast(), big.len(), 0)
+        };
+        for i in 0..17 {
+            assert_eq!(set(i), 0, "xattr {i}: {}", std::io::Error::last_os_error());
+        }
+        assert_eq!(set(17), -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(set(3), 0, "{}", std::io::Error::last_os_error());
+        let gone = CString::new("user.k03").unwrap();
+        assert_eq!(libc::removexattr(c(&f).as_ptr(), gone.as_ptr()), 0);
+        assert_eq!(set(17), 0, "{}", std::io::Error::last_os_error());
         let st = statvfs(m);
         assert!(st.f_blocks > 0 && st.f_bavail > 0, "statfs reports no space");
     }

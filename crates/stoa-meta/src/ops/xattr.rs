@@ -31,14 +31,35 @@ pub(crate) fn list(kv: &impl KvRead, ino: InodeId) -> Result<MetaResponse, FsErr
     Ok(MetaResponse::Names(rows.into_iter().map(|(name, _)| name).collect()))
 }
 
+/// Rows read at a time by [`all`].
+const ALL_PAGE_ROWS: usize = 16;
+
 /// Every attribute of `ino`, names and values in name order, unless there are more than
-/// `bytes_max` bytes of them.
+/// `bytes_max` bytes of them. Reads a few rows at a time and stops at the first past
+/// `bytes_max`: it read up to `bytes_max + 1` rows at once, and rows of 64 KiB values
+/// made a grant of a file with many read 256 MiB to find them too many.
 pub fn all(kv: &impl KvRead, ino: InodeId, bytes_max: usize) -> Result<Option<Xattrs>, FsError> {
-    // Every name is at least a byte: more rows than bytes allowed are too many, and
-    // their bytes say so.
-    let rows = rows(kv, ino, bytes_max + 1)?;
-    let bytes: usize = rows.iter().map(|(name, value)| name.len() + value.len()).sum();
-    Ok((bytes <= bytes_max).then_some(rows))
+    let prefix = ino_key(ino);
+    let end = prefix_end(&prefix);
+    let (mut from, mut out, mut bytes) = (prefix.to_vec(), Vec::new(), 0);
+    loop {
+        let page = kv.scan(Table::Xattrs, &from, end.as_deref(), ALL_PAGE_ROWS)?;
+        let last = page.len() < ALL_PAGE_ROWS;
+        for (key, value) in page {
+            let value: Vec<u8> = store::decode(Table::Xattrs, &key, &value)?;
+            bytes += key.len() - prefix.len() + value.len();
+            if bytes > bytes_max {
+                return Ok(None);
+            }
+            // The next page starts just past this key.
+            from = key.clone();
+            from.push(0);
+            out.push((key[prefix.len()..].to_vec(), value));
+        }
+        if last {
+            return Ok(Some(out));
+        }
+    }
 }
 
 /// Up to `limit` attributes of `ino`: names and values.
@@ -152,6 +173,19 @@ mod tests {
         // 6 + 2 + 6 + 1 bytes.
         assert_eq!(super::all(&fs.kv, a.ino, 15), Ok(Some(both)));
         assert_eq!(super::all(&fs.kv, a.ino, 14), Ok(None));
+        // Across pages of rows, and the next inode's first attribute is not one of them.
+        let names: Vec<String> = (0..40).map(|i| format!("user.k{i:02}")).collect();
+        for name in &names {
+            set(&mut fs, a.ino, name, b"v", 0).unwrap();
+        }
+        // 15 bytes as above, and 40 times 8 + 1.
+        let all = super::all(&fs.kv, a.ino, 375).unwrap().unwrap();
+        let got: Vec<&[u8]> = all.iter().map(|(n, _)| n.as_slice()).collect();
+        let mut want: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+        want.insert(0, b"user.a");
+        want.push(b"user.z");
+        assert_eq!(got, want);
+        assert_eq!(super::all(&fs.kv, a.ino, 374), Ok(None));
     }
 
     #[test]
