@@ -1122,8 +1122,9 @@ impl Filesystem for StoaFs {
     }
 
     /// Reserving space makes the file long enough, punching a hole or zeroing a range
-    /// frees its whole chunks and writes zeros at its ends ([`Client::fallocate`]); moving ranges (`FALLOC_FL_COLLAPSE_RANGE`,
-    /// `FALLOC_FL_INSERT_RANGE`) is `EOPNOTSUPP`, as on filesystems without extents.
+    /// frees its whole chunks and writes zeros at its ends ([`Client::fallocate`]);
+    /// moving ranges (`FALLOC_FL_COLLAPSE_RANGE`, `FALLOC_FL_INSERT_RANGE`) is
+    /// `EOPNOTSUPP`, as on filesystems without extents.
     /// The kernel drops its pages of a zeroed range and learns a new size itself.
     fn fallocate(
         &self,

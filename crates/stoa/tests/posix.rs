@@ -93,15 +93,20 @@ fn sparse_file(dev: &Dev, m: &Path, other: &Path) {
         buf
     };
     assert_eq!(read(&h, PIB - 4, 4), b"tail");
-    // Bounded, so that a cut that goes index by index fails here instead of hanging.
-    let cut = |h: &std::fs::File, size: u64| {
+    // Each cut on its own thread, bounded, so that one that goes index by index fails
+    // here instead of hanging.
+    let bounded = |what: &str, cut: Box<dyn FnOnce(std::fs::File) -> Result<(), String> + Send>| {
         let h = h.try_clone().unwrap();
         let (done, wait) = std::sync::mpsc::channel();
-        std::thread::spawn(move || done.send(h.set_len(size)).unwrap());
+        std::thread::spawn(move || done.send(cut(h)).unwrap());
         let outcome = wait.recv_timeout(std::time::Duration::from_secs(120));
-        outcome.expect("a cut of a 1 PiB sparse file did not end within 2 minutes").unwrap();
+        outcome.unwrap_or_else(|_| panic!("{what} did not end within 2 minutes")).unwrap();
     };
-    cut(&h, MID + 1);
+    let cut = |size: u64| {
+        let set = move |h: std::fs::File| h.set_len(size).map_err(|e| e.to_string());
+        bounded("a cut of a 1 PiB sparse file", Box::new(set));
+    };
+    cut(MID + 1);
     h.set_len(PIB).unwrap();
     assert_eq!(read(&h, PIB - 4, 4), [0; 4], "cut-off bytes came back");
     assert_eq!(read(&h, MID, 3), b"m\0\0");
@@ -110,21 +115,18 @@ fn sparse_file(dev: &Dev, m: &Path, other: &Path) {
     assert_eq!(read(&o, PIB - 4, 4), [0; 4], "the other mount reads cut-off bytes");
     assert_eq!(read(&o, 0, 4), b"head");
     drop(o);
-    cut(&h, 2);
+    cut(2);
     h.set_len(PIB).unwrap();
     assert_eq!(read(&h, 0, 4), b"he\0\0");
     assert_eq!(read(&h, MID, 3), [0; 3]);
     // A hole punched over nearly all of it: as quick, and only the ends are left.
     h.write_all_at(b"mid", MID).unwrap();
     h.write_all_at(b"end", PIB - 3).unwrap();
-    let punch = h.try_clone().unwrap();
-    let (done, wait) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let punch = |h: std::fs::File| {
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        done.send(fallocate(&punch, mode, 1, PIB as i64 - 2)).unwrap()
-    });
-    let punched = wait.recv_timeout(std::time::Duration::from_secs(120));
-    punched.expect("a hole of 1 PiB was not punched within 2 minutes").unwrap();
+        fallocate(&h, mode, 1, PIB as i64 - 2).map_err(|errno| format!("errno {errno}"))
+    };
+    bounded("a hole of 1 PiB", Box::new(punch));
     assert_eq!(read(&h, 0, 4), b"h\0\0\0");
     assert_eq!(read(&h, MID, 3), [0; 3]);
     assert_eq!(read(&h, PIB - 3, 3), b"\0\0d");

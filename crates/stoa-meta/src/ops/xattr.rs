@@ -45,19 +45,18 @@ pub fn all(kv: &impl KvRead, ino: InodeId, bytes_max: usize) -> Result<Option<Xa
     loop {
         let page = kv.scan(Table::Xattrs, &from, end.as_deref(), ALL_PAGE_ROWS)?;
         let last = page.len() < ALL_PAGE_ROWS;
-        for (key, value) in page {
-            let value: Vec<u8> = store::decode(Table::Xattrs, &key, &value)?;
+        for (key, value) in &page {
+            let value: Vec<u8> = store::decode(Table::Xattrs, key, value)?;
             bytes += key.len() - prefix.len() + value.len();
             if bytes > bytes_max {
                 return Ok(None);
             }
-            // The next page starts just past this key.
-            from = key.clone();
-            from.push(0);
             out.push((key[prefix.len()..].to_vec(), value));
         }
-        if last {
-            return Ok(Some(out));
+        match page.last() {
+            // The next page starts just past the last key of this one.
+            Some((key, _)) if !last => from = [key.as_slice(), &[0]].concat(),
+            _ => return Ok(Some(out)),
         }
     }
 }
