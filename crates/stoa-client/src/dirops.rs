@@ -8,7 +8,9 @@
 //!        no --> TakeDir (unless refused lately) --> still no --> one meta call (as before)
 //!        yes --> name free in the listing? --> reserved inode number --> record the
 //!                change (listing, attributes, a cap on the new inode) --> queue --> answer
-//!  unlink / rmdir in D --> the child is held exclusively and known whole? --> same
+//!  unlink / rmdir in D --> TakeDir of D (as above) --> the child is held exclusively
+//!        and known whole? no: a file --> TakeFiles of it and the files listed after
+//!        it (8, doubling per call up to 128); a directory --> TakeDir of it --> same
 //!  opens and last closes of files held exclusively --> queue
 //!
 //!  size commits of files held exclusively (file.rs) --> commit queue --> CommitWrites,
@@ -35,7 +37,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stoa_proto::{BatchOp, CapMode, Commit, MetaOp, MetaResponse};
+use stoa_proto::{BatchOp, CapMode, Commit, MetaOp, MetaResponse, LOOKUP_MANY_MAX};
 use stoa_types::{Attr, FileKind, FsError, InodeId, SessionId, SetAttr, Timestamp};
 
 /// Directories remembered with a loss at most; past it, those already reported go.
@@ -53,6 +55,8 @@ const GATHER_OPS: usize = 256;
 const GATHER_WAIT: Duration = Duration::from_millis(5);
 /// Directories remembered as refused at most; the memory is cleared past it.
 const REFUSED_MAX: usize = 4096;
+/// How many files a directory's first `TakeFiles` asks for.
+const TAKE_FILES_FIRST: usize = 8;
 /// How long a `TakeDir` may take, retries included. Meta answers it at once (it refuses
 /// rather than waits, even in a new leader's grace period), so a slower answer means an
 /// unreachable or frozen leader: the change goes to meta by itself instead, whose calls
@@ -72,6 +76,8 @@ pub(crate) struct DirOps {
     inodes: tokio::sync::Mutex<(SessionId, Range<u64>)>,
     /// Directories meta would not give this client lately.
     refused: Mutex<HashMap<InodeId, Instant>>,
+    /// How many files the next `TakeFiles` in a directory asks for.
+    windows: Mutex<HashMap<InodeId, usize>>,
     /// Changes this client answered that meta never took.
     lost: Mutex<Lost>,
 }
@@ -227,16 +233,23 @@ impl Client {
 
     /// Removes `name` from `parent` here (an rmdir when `dir`) if this client holds
     /// `parent` with its listing and the child exclusively, knowing it whole (a file
-    /// with one link, or a directory with its listing); `None` when it must go to meta.
+    /// with one link, or a directory with its listing), taking them if meta gives them;
+    /// `None` when it must go to meta.
     pub(crate) async fn remove_here(
         &self,
         parent: InodeId,
         name: &[u8],
         dir: bool,
     ) -> Option<Result<(), FsError>> {
+        self.take_dir(parent).await;
         let Some(child) = self.sh.caps.listed(parent, name)? else {
             return Some(Err(FsError::NotFound));
         };
+        match dir {
+            true if self.sh.caps.listing_len(child).is_none() => self.take_dir(child).await,
+            false if self.sh.caps.owns(child).is_none() => self.take_files(parent, name).await,
+            _ => {}
+        }
         let _pin = self.pin(&[parent, child]).await;
         if self.sh.caps.listed(parent, name)? != Some(child) {
             return None;
@@ -448,6 +461,30 @@ impl Client {
         if !taken {
             let mut refused = self.sh.dirops.refused.lock().expect("refused lock poisoned");
             refused.insert(dir, Instant::now());
+        }
+    }
+
+    /// Takes the file `name` of `dir` (held with its listing) exclusively, with the
+    /// files listed after it that this client does not hold so, as many as the
+    /// directory's window, which then doubles up to [`LOOKUP_MANY_MAX`]: `rm -r`
+    /// removes a directory's files in the order its listing gives them, each then here,
+    /// not one log entry each at meta. The window starts small, so that removing one
+    /// file recalls few others from the mounts that use them. A call that fails costs
+    /// the removal its own call to meta.
+    async fn take_files(&self, dir: InodeId, name: &[u8]) {
+        let window = {
+            let mut windows = self.sh.dirops.windows.lock().expect("windows lock poisoned");
+            if windows.len() > REFUSED_MAX {
+                windows.clear();
+            }
+            let window = windows.entry(dir).or_insert(TAKE_FILES_FIRST);
+            let now = *window;
+            *window = (now * 2).min(LOOKUP_MANY_MAX);
+            now
+        };
+        let names = self.sh.caps.unowned_files_from(dir, name, window);
+        if names.first().is_some_and(|first| first == name) {
+            self.grant_many(MetaOp::TakeFiles { dir, names }, dir, name).await;
         }
     }
 

@@ -140,10 +140,15 @@ impl Session {
     /// waits only for queued changes of directory entries, not for queued opens and
     /// releases, which change nothing it reads: a first lookup after a file's open
     /// and close waited a whole log commit for them, one per file read on a fresh mount.
+    /// Nor does a `TakeFiles`: it asks for files of a directory this client holds with
+    /// its listing that it does not hold, and every queued change is of files it holds
+    /// (one whose cap went since is not found at meta, and its removal goes to meta
+    /// alone); waiting made `rm -r` wait a log commit every few files.
     async fn after_backlog(&self, op: &MetaOp) {
         let independent = matches!(
             op,
             MetaOp::Batch { .. }
+                | MetaOp::TakeFiles { .. }
                 | MetaOp::CommitWrites { .. }
                 | MetaOp::CapEvents { .. }
                 | MetaOp::CapsReleased { .. }

@@ -848,16 +848,19 @@ fn granted(
     Ok((attr, holders.unwrap_or(mode), xattrs))
 }
 
-/// Answers `GetCapsMany`: a lookup of each of `names` in `dir`, as [`get_caps`] makes
-/// one with `Shared`, their grants registered and their holders recalled together and
-/// confirmed by one linearizable read. Each child is picked by a plain read, and one
-/// whose confirmed read names another inode, or no inode, is left out of the answer
-/// (its caller looks it up alone): its grant stays registered, as a wrong pick's does.
+/// Answers `GetCapsMany` (`mode` `Shared`) and `TakeFiles` (`Exclusive`): a lookup of
+/// each of `names` in `dir`, as [`get_caps`] makes one with `mode`, their grants
+/// registered and their holders recalled together and confirmed by one linearizable
+/// read. Each child is picked by a plain read, and one whose confirmed read names
+/// another inode, or no inode, is left out of the answer (its caller looks it up
+/// alone): its grant stays registered, as a wrong pick's does. So is one that cannot
+/// take `mode` (`Exclusive` on anything but a regular file), whose grant is released.
 pub(crate) async fn get_caps_many(
     node: &Node,
     session: SessionId,
     dir: InodeId,
     names: Vec<Vec<u8>>,
+    mode: CapMode,
 ) -> Result<MetaResponse, FsError> {
     if names.len() > LOOKUP_MANY_MAX {
         return Err(FsError::Invalid(format!(
@@ -878,7 +881,7 @@ pub(crate) async fn get_caps_many(
     }
     .await?;
     let inodes: Vec<InodeId> = picks.iter().map(|&(_, ino)| ino).collect();
-    let seqs = grant_all(node, waiter, &inodes, CapMode::Shared).await?;
+    let seqs = grant_all(node, waiter, &inodes, mode).await?;
     node.raft.linearize().await?;
     let confirmed = {
         let names = names.clone();
@@ -896,7 +899,7 @@ pub(crate) async fn get_caps_many(
     let (dir_version, found) = confirmed.await?;
     let mut grants = Vec::with_capacity(found.len());
     for (i, cap, read) in found {
-        if let Ok((attr, mode, xattrs)) = granted(node, session, cap, CapMode::Shared, read) {
+        if let Ok((attr, mode, xattrs)) = granted(node, session, cap, mode, read) {
             let name = names[i].clone();
             grants.push(NamedGrant { name, attr, mode, seq: cap.seq, xattrs });
         }

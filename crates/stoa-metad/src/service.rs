@@ -25,7 +25,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use stoa_meta::Command;
 use stoa_net::{Handler, Pool};
-use stoa_proto::{BatchOp, MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
+use stoa_proto::{BatchOp, CapMode, MetaOp, MetaRequest, MetaResponse, Reply, Request, Response};
 use stoa_types::{
     FsError, InodeId, NodeId, RequestId, SessionId, StatFs, Timestamp, XATTR_BYTES_MAX,
 };
@@ -139,6 +139,7 @@ impl Node {
             MetaOp::RenewSession
             | MetaOp::GetCaps { .. }
             | MetaOp::GetCapsMany { .. }
+            | MetaOp::TakeFiles { .. }
             | MetaOp::CapEvents { .. }
             | MetaOp::CapsReleased { .. }
             | MetaOp::TakeDir { .. }
@@ -279,7 +280,11 @@ impl Node {
             }
             MetaOp::GetCapsMany { dir, names } => {
                 self.renew(req.session).await?;
-                caps::get_caps_many(self, req.session, dir, names).await
+                caps::get_caps_many(self, req.session, dir, names, CapMode::Shared).await
+            }
+            MetaOp::TakeFiles { dir, names } => {
+                self.renew(req.session).await?;
+                caps::get_caps_many(self, req.session, dir, names, CapMode::Exclusive).await
             }
             MetaOp::CapEvents { held, term, poll } => {
                 // The client counts its caps valid from when it sent this poll: only a

@@ -58,7 +58,8 @@ use stoa_types::FsError;
 /// 11: grants carry the inode's xattrs ([`meta::XATTRS_IN_GRANT_MAX`]).
 /// 12: `GetCapsMany`: one call looks up many names of a directory.
 /// 13: `ChunksOf`: which chunks of a file a chain member holds.
-pub const PROTOCOL_VERSION: u8 = 13;
+/// 14: `TakeFiles`: exclusive caps on many files of a directory at once.
+pub const PROTOCOL_VERSION: u8 = 14;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

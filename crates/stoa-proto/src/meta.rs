@@ -331,6 +331,16 @@ pub enum MetaOp {
         dir: InodeId,
         names: Vec<Vec<u8>>,
     },
+    /// `Exclusive` on the regular files `names` (at most [`LOOKUP_MANY_MAX`]) of
+    /// directory `dir`, looked up as [`MetaOp::GetCapsMany`] does and their other
+    /// holders recalled together: a client that holds `dir` with its listing
+    /// ([`MetaOp::TakeDir`]) and removes files there (`rm -r`) then removes each by
+    /// itself, instead of one log entry per file. Answered with [`MetaResponse::Grants`],
+    /// which also leaves out a name that is not a regular file.
+    TakeFiles {
+        dir: InodeId,
+        names: Vec<Vec<u8>>,
+    },
 }
 
 /// The most inodes one [`MetaOp::DeadInodes`] may ask about.
@@ -515,6 +525,7 @@ impl MetaOp {
                 | MetaOp::TakeDir { .. }
                 | MetaOp::DeadInodes { .. }
                 | MetaOp::GetCapsMany { .. }
+                | MetaOp::TakeFiles { .. }
         )
     }
 
@@ -619,9 +630,9 @@ pub enum MetaResponse {
     /// Another session keeps the locks of the inode; the leader asked it to give them
     /// back, and the caller asks again.
     LocksElsewhere,
-    /// The grants of a [`MetaOp::GetCapsMany`]: `Shared` on the directory (`dir_seq`,
-    /// at `dir_version`) and one on each child found, as [`MetaResponse::Caps`] gives
-    /// them, in the order asked.
+    /// The grants of a [`MetaOp::GetCapsMany`] or [`MetaOp::TakeFiles`]: `Shared` on the
+    /// directory (`dir_seq`, at `dir_version`) and one on each child found, as
+    /// [`MetaResponse::Caps`] gives them, in the order asked.
     Grants {
         dir_seq: u64,
         dir_version: u64,

@@ -92,17 +92,27 @@ impl Client {
             self.sh.caps.lately().ahead(parent, name, cached)
         };
         let Some(names) = names else { return false };
-        let op = MetaOp::GetCapsMany { dir: parent, names };
+        self.grant_many(MetaOp::GetCapsMany { dir: parent, names }, parent, name).await
+    }
+
+    /// Sends `op`, a `GetCapsMany` or `TakeFiles` of names of `dir`, and caches each
+    /// grant of its answer as a lookup's. Returns whether `name`'s grant was cached. A
+    /// call that fails is logged and caches nothing: its caller then asks alone.
+    pub(crate) async fn grant_many(&self, op: MetaOp, dir: InodeId, name: &[u8]) -> bool {
+        let what = match op {
+            MetaOp::TakeFiles { .. } => "TakeFiles",
+            _ => "GetCapsMany",
+        };
         let (dir_seq, dir_version, grants, epoch) = match self.call_grant(op).await {
             Ok((MetaResponse::Grants { dir_seq, dir_version, grants }, epoch)) => {
                 (dir_seq, dir_version, grants, epoch)
             }
             Ok((other, _)) => {
-                tracing::warn!("{}", unexpected("GetCapsMany", &other));
+                tracing::warn!("{}", unexpected(what, &other));
                 return false;
             }
             Err(e) => {
-                tracing::debug!("looking names of directory {parent} up ahead: {e}");
+                tracing::debug!("{what} in directory {dir}: {e}");
                 return false;
             }
         };
@@ -117,7 +127,7 @@ impl Client {
                 xattrs: g.xattrs,
                 sent: epoch,
             };
-            let stored = self.keep(&grant, Some((parent, &g.name)));
+            let stored = self.keep(&grant, Some((dir, &g.name)));
             asked |= stored && g.name == name;
         }
         asked

@@ -520,6 +520,29 @@ impl Caps {
         Some((page, more))
     }
 
+    /// The regular files of the listing of `dir` that this client does not hold
+    /// exclusively, from `name` on in name order, `count` at most: what a removal of
+    /// `name` takes ahead ([`crate::Client::take_files`]). Empty without the listing.
+    pub fn unowned_files_from(&self, dir: InodeId, name: &[u8], count: usize) -> Vec<Vec<u8>> {
+        let t = self.lock();
+        let listing = Caps::remaining(&t).and_then(|_| t.held.get(&dir)?.listing.as_ref());
+        let Some(listing) = listing else { return Vec::new() };
+        let owned = |ino| t.held.get(ino).is_some_and(|h| h.mode == CapMode::Exclusive);
+        let mut names: Vec<&Vec<u8>> = listing
+            .iter()
+            .filter(|(n, (ino, kind))| {
+                n.as_slice() >= name && *kind == FileKind::File && !owned(ino)
+            })
+            .map(|(n, _)| n)
+            .collect();
+        if names.len() > count {
+            names.select_nth_unstable(count.saturating_sub(1));
+            names.truncate(count);
+        }
+        names.sort_unstable();
+        names.into_iter().cloned().collect()
+    }
+
     /// Whether this client holds the exclusive cap on `ino` with its attributes: it alone
     /// caches the inode, and knows it whole.
     pub fn owns(&self, ino: InodeId) -> Option<Attr> {

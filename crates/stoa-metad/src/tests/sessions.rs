@@ -429,3 +429,63 @@ async fn many_names_are_looked_up_at_once_and_their_holders_recalled_together() 
     let refused = client.call_leader(many(too_many), Duration::from_secs(5)).await;
     assert!(matches!(refused, Err(FsError::Invalid(_))), "{refused:?}");
 }
+
+/// `TakeFiles` grants `Exclusive` on many files of a directory at once, for a client
+/// about to remove them itself: another session's caps on them are recalled together
+/// first, and a directory or a name not found is left out of the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_files_are_taken_exclusively_at_once_and_other_holders_recalled() {
+    let cluster = Cluster::start(3, Tuning { session_lease_ms: 8000, ..test_tuning() }).await;
+    cluster.leader().await;
+    let client = cluster.client_all();
+    let (holder, taker) = (open_session(&client).await, open_session(&client).await);
+    let f0 = create(&client, holder, 1, "f0").await;
+    let f1 = create(&client, holder, 2, "f1").await;
+    let mkdir =
+        MetaOp::Mkdir { parent: InodeId::ROOT, name: b"d".to_vec(), perm: 0o755, uid: 0, gid: 0 };
+    client.call(req(holder, 3, mkdir)).await.unwrap();
+    let held = CapRef { ino: f0, seq: take_cap(&client, holder, f0, CapMode::Shared).await.0 };
+    let (_, term) = poll(&client, holder, vec![], 0).await;
+    poll(&client, holder, vec![], term).await;
+    let names = ["f1", "d", "missing", "f0"].map(|n| n.as_bytes().to_vec()).to_vec();
+    let take = req(taker, 0, MetaOp::TakeFiles { dir: InodeId::ROOT, names });
+    let wanted = tokio::spawn({
+        let client = client.clone();
+        async move { client.call_leader(take, Duration::from_secs(15)).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (recalls, _) = poll(&client, holder, vec![], term).await;
+        if recalls.contains(&held) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reader's shared cap was never recalled");
+    }
+    assert!(!wanted.is_finished(), "taken before the holder acked");
+    let ack = MetaOp::CapsReleased { released: vec![held] };
+    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), wanted).await.unwrap().unwrap();
+    let Ok(MetaResponse::Grants { grants, .. }) = answer else {
+        panic!("TakeFiles answered {answer:?}")
+    };
+    let taken: Vec<(Vec<u8>, InodeId, CapMode)> =
+        grants.iter().map(|g| (g.name.clone(), g.attr.ino, g.mode)).collect();
+    let want =
+        vec![(b"f1".to_vec(), f1, CapMode::Exclusive), (b"f0".to_vec(), f0, CapMode::Exclusive)];
+    assert_eq!(taken, want);
+    // The grants are real: a shared cap another session asks for waits for the taker.
+    let asked = tokio::spawn({
+        let client = client.clone();
+        async move { take_cap(&client, holder, f1, CapMode::Shared).await }
+    });
+    let (recalls, _) = poll(&client, taker, vec![], 0).await;
+    let (recalls, _) = match recalls.is_empty() {
+        true => poll(&client, taker, vec![], term).await,
+        false => (recalls, term),
+    };
+    assert_eq!(recalls.iter().map(|r| r.ino).collect::<Vec<_>>(), vec![f1]);
+    assert!(!asked.is_finished(), "granted shared while the taker held the file exclusively");
+    let ack = MetaOp::CapsReleased { released: recalls };
+    client.call_leader(req(taker, 0, ack), Duration::from_secs(5)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), asked).await.unwrap().unwrap();
+}
