@@ -271,7 +271,8 @@ impl Client {
         let change = Change::Removed { child, dir, at, keep };
         let generation = self.sh.caps.record_change(parent, name, change)?;
         let op = BatchOp::Remove { parent, name: name.to_vec(), dir, at };
-        queue(&self.sh, op, &[parent, child], Some(generation));
+        let number = queue(&self.sh, op, &[parent, child], Some(generation));
+        self.sh.caps.give_back_after(&[child], number);
         send_released(&self.sh);
         Some(Ok(()))
     }
@@ -331,7 +332,10 @@ impl Client {
             at,
         };
         // The directories, the file moved and the file replaced.
-        queue(&self.sh, op, &pinned, Some(generation));
+        let number = queue(&self.sh, op, &pinned, Some(generation));
+        if let Some((old, false)) = replaced {
+            self.sh.caps.give_back_after(&[old], number);
+        }
         send_released(&self.sh);
         Some(Ok(()))
     }

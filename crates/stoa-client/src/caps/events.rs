@@ -97,9 +97,10 @@ fn give_back_idle(sh: &Arc<Shared>) {
 }
 
 /// Tells the leader of the caps this client dropped on its own (files whose last name it
-/// removed), in one call per few milliseconds; one such task at a time. Without it the
-/// leader would recall each of them before it purges the file (a call and an ack per
-/// deleted file, 2 s after an `rm -r`). A call that fails costs only that recall.
+/// removed), in one call per few milliseconds, once meta applied the removals
+/// ([`Caps::give_back_after`]); one such task at a time. Without it the leader would
+/// recall each of them before it purges the file (a call and an ack per deleted file,
+/// 2 s after an `rm -r`). A call that fails costs only that recall.
 pub(crate) fn send_released(sh: &Arc<Shared>) {
     {
         let mut t = sh.caps.lock();
@@ -122,6 +123,9 @@ pub(crate) fn send_released(sh: &Arc<Shared>) {
             if released.is_empty() {
                 break;
             }
+            let after = released.iter().map(|&(_, change)| change).max().unwrap_or(0);
+            sh.session.backlog.wait(after).await;
+            let released: Vec<CapRef> = released.into_iter().map(|(r, _)| r).collect();
             let op = MetaOp::CapsReleased { released: released.clone() };
             if let Err(e) = sh.session.call_leader(op, POLL_TIMEOUT).await {
                 tracing::debug!("telling the leader of caps given up: {e}");

@@ -185,8 +185,9 @@ struct Table {
     /// all names at once (Linux 6.16+), which takes no directory lock.
     busy: HashMap<InodeId, Instant>,
     /// Caps this client dropped on its own, not yet told to the leader: those of files
-    /// whose last name it removed itself (see [`send_released`]).
-    released: Vec<CapRef>,
+    /// whose last name it removed itself (see [`send_released`]), each with the queued
+    /// change that removed it, which meta must have applied first.
+    released: Vec<(CapRef, u64)>,
     /// Inodes whose own drop the leader has been told of, with the forget number taken
     /// then and when: a grant asked before (an older [`Caps::epoch`]) may be one the
     /// leader made before it dropped the cap, and is never cached; one asked after is.
@@ -210,17 +211,17 @@ impl Table {
 
     /// Drops the cap on `ino`, a file whose last name this client removed and which it
     /// does not have open: nothing here can reach it any more (no name, no handle), and
-    /// the leader hears of it with the next [`send_released`] instead of having to
-    /// recall it. The release names every grant (`u64::MAX`: the client does not know
-    /// the sequence of a cap on a file it created), so a grant of the file still on its
-    /// way is marked recalled here too, and never cached when it arrives. Until the
-    /// leader has been told ([`Caps::release_told`]): the file may still be reached by
-    /// inode (a handle opened from a name the kernel had cached, or a create that
-    /// found the name just before the removal), and its next grant must be cached.
+    /// the leader hears of it once the removal is applied ([`Caps::give_back_after`])
+    /// instead of having to recall it. The release names every grant (`u64::MAX`: the
+    /// client does not know the sequence of a cap on a file it created), so a grant of
+    /// the file still on its way is marked recalled here too, and never cached when it
+    /// arrives. Until the leader has been told ([`Caps::release_told`]): the file may
+    /// still be reached by inode (a handle opened from a name the kernel had cached, or
+    /// a create that found the name just before the removal), and its next grant must
+    /// be cached.
     fn drop_own(&mut self, ino: InodeId) {
         if self.held.remove(&ino).is_some() {
             self.recalled.insert(ino, (UNTOLD, Instant::now()));
-            self.released.push(CapRef { ino, seq: u64::MAX });
         }
     }
 
@@ -711,6 +712,22 @@ impl Caps {
             None => {}
         }
         Some(generation)
+    }
+
+    /// Gives back, with the next [`send_released`], the caps of `inos` this client
+    /// dropped on its own in queued change `change`, once meta has applied it. Not
+    /// before: another mount with one of those files open (the cap recalled from it,
+    /// the handle kept) asks for a grant to `fstat` it, which the leader would answer
+    /// at once from the state before the removal (a link count of 1 after the unlink
+    /// had returned), where the cap still held makes the leader recall it first, and
+    /// the recall waits for the removal.
+    pub fn give_back_after(&self, inos: &[InodeId], change: u64) {
+        let mut t = self.lock();
+        for &ino in inos {
+            if t.untold(ino) {
+                t.released.push((CapRef { ino, seq: u64::MAX }, change));
+            }
+        }
     }
 
     /// The leader has been told of `released`, caps this client dropped on its own (or
@@ -1302,8 +1319,11 @@ mod tests {
         let (from, to) = ((DIR, &b"x"[..]), (DIR, &b"r"[..]));
         assert!(caps.record_change(DIR, b"x", Change::Created(attr(InodeId(5)))).is_some());
         assert!(caps.record_rename((from, to), InodeId(5), renamed_over, at).is_some());
+        assert!(caps.lock().released.is_empty(), "given back before the removal applied");
+        caps.give_back_after(&[kept, gone, replaced], 7);
         let every = u64::MAX;
-        let want = vec![CapRef { ino: gone, seq: every }, CapRef { ino: replaced, seq: every }];
+        let want =
+            vec![(CapRef { ino: gone, seq: every }, 7), (CapRef { ino: replaced, seq: every }, 7)];
         assert_eq!(std::mem::take(&mut caps.lock().released), want);
         assert!(caps.cached_attr(kept).is_some(), "an open file keeps its cap");
         let seq = cap_seq(1, 9);
@@ -1327,7 +1347,9 @@ mod tests {
         let at = Timestamp::now();
         let removed = Change::Removed { child: gone, dir: false, at, keep: false };
         assert!(caps.record_change(DIR, b"g", removed).is_some());
-        let released = std::mem::take(&mut caps.lock().released);
+        caps.give_back_after(&[gone], 1);
+        let released: Vec<CapRef> =
+            std::mem::take(&mut caps.lock().released).into_iter().map(|(r, _)| r).collect();
         let asked_before = caps.epoch();
         let told = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
