@@ -241,7 +241,10 @@ impl Client {
         name: &[u8],
         dir: bool,
     ) -> Option<Result<(), FsError>> {
-        self.take_dir(parent).await;
+        let kind = if dir { FileKind::Dir } else { FileKind::File };
+        if self.may_take(parent, name, kind) {
+            self.take_dir(parent).await;
+        }
         let Some(child) = self.sh.caps.listed(parent, name)? else {
             return Some(Err(FsError::NotFound));
         };
@@ -279,7 +282,8 @@ impl Client {
 
     /// Renames `parent/name` to `new_parent/new_name` here (no `renameat2` flags but
     /// `RENAME_NOREPLACE`) if this client holds both directories with their listings, and
-    /// exclusively the file it moves and any file it replaces, each with one link;
+    /// exclusively the file it moves and any file it replaces, each with one link,
+    /// taking the directories and the file moved as [`Client::remove_here`] does;
     /// `None` when the rename must go to meta. Directories are renamed through meta,
     /// which checks that none moves into its own subtree.
     pub(crate) async fn rename_here(
@@ -291,10 +295,17 @@ impl Client {
         if flags & !libc::RENAME_NOREPLACE != 0 {
             return None;
         }
+        if self.may_take(parent, name, FileKind::File) {
+            self.take_dir(parent).await;
+            self.take_dir(new_parent).await;
+        }
         let Some(child) = self.sh.caps.listed(parent, name)? else {
             return Some(Err(FsError::NotFound));
         };
         let target = self.sh.caps.listed(new_parent, new_name)?;
+        if self.sh.caps.owns(child).is_none() {
+            self.take_files(parent, name).await;
+        }
         let mut pinned = vec![parent, new_parent, child];
         pinned.extend(target);
         let _pin = self.pin(&pinned).await;
@@ -466,6 +477,17 @@ impl Client {
             let mut refused = self.sh.dirops.refused.lock().expect("refused lock poisoned");
             refused.insert(dir, Instant::now());
         }
+    }
+
+    /// Whether to take `parent` for a removal or rename of `name`, which must be of
+    /// `kind` to be made here: unless this client knows the name leads to something
+    /// that goes to meta all the same (a directory moved, a symlink or device, a file
+    /// with other links), whose change there would only drop the listing just taken.
+    fn may_take(&self, parent: InodeId, name: &[u8], kind: FileKind) -> bool {
+        let caps = &self.sh.caps;
+        let known = caps.cached_name(parent, name).and_then(|ino| caps.cached_attr(ino));
+        known
+            .is_none_or(|(attr, _)| attr.kind == kind && (kind == FileKind::Dir || attr.nlink == 1))
     }
 
     /// Takes the file `name` of `dir` (held with its listing) exclusively, with the

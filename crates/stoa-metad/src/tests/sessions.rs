@@ -47,6 +47,41 @@ async fn poll(
     }
 }
 
+/// Acks `released`, recalls of `session`'s caps.
+async fn ack(client: &MetaClient, session: SessionId, released: Vec<CapRef>) {
+    let ack = MetaOp::CapsReleased { released };
+    client.call_leader(req(session, 0, ack), Duration::from_secs(5)).await.unwrap();
+}
+
+/// Polls `session`'s events stream, renewing it, until a recall of `cap` comes, for at
+/// most `secs` seconds; `what` names the recall in the failure.
+async fn until_recalled(
+    client: &MetaClient,
+    session: SessionId,
+    term: u64,
+    cap: CapRef,
+    (secs, what): (u64, &str),
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        renew(client, session).await.unwrap();
+        if poll(client, session, vec![], term).await.0.contains(&cap) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} never came");
+    }
+}
+
+/// The recalls of `session`'s next poll that brings any, of the next two, the first
+/// naming no term (it learns the term the second names).
+async fn next_recalls(client: &MetaClient, session: SessionId, term: u64) -> Vec<CapRef> {
+    let (recalls, _) = poll(client, session, vec![], 0).await;
+    match recalls.is_empty() {
+        true => poll(client, session, vec![], term).await.0,
+        false => recalls,
+    }
+}
+
 fn lease_tuning() -> Tuning {
     Tuning { session_lease_ms: 1500, ..test_tuning() }
 }
@@ -174,28 +209,12 @@ async fn a_recall_whose_answer_was_lost_is_sent_again() {
         async move { client.call_leader(caps(waiter), Duration::from_secs(15)).await }
     });
     let recall = CapRef { ino, seq };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (recalls, _) = poll(&client, holder, vec![], term).await;
-        if recalls.contains(&recall) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the recall never came");
-        renew(&client, holder).await.unwrap();
-    }
+    until_recalled(&client, holder, term, recall, (10, "the recall")).await;
     // That answer is lost: the holder never sees it, and keeps renewing and polling.
-    let deadline = Instant::now() + Duration::from_secs(8);
-    loop {
-        renew(&client, holder).await.unwrap();
-        let (recalls, _) = poll(&client, holder, vec![], term).await;
-        if recalls.contains(&recall) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "a recall whose answer was lost never came again");
-    }
+    let again = (8, "a recall whose answer was lost, again");
+    until_recalled(&client, holder, term, recall, again).await;
     assert!(!wanted.is_finished(), "granted before the holder acked");
-    let ack = MetaOp::CapsReleased { released: vec![recall] };
-    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    ack(&client, holder, vec![recall]).await;
     let granted = tokio::time::timeout(Duration::from_secs(5), wanted).await.unwrap().unwrap();
     assert!(matches!(granted, Ok(MetaResponse::Caps { .. })), "{granted:?}");
 }
@@ -275,8 +294,7 @@ async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_
         recalled = poll(&client, holder, vec![], term).await.0.contains(&recall);
     }
     assert!(!retried.is_finished(), "the retry was answered before the holder acked");
-    let ack = MetaOp::CapsReleased { released: vec![recall] };
-    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    ack(&client, holder, vec![recall]).await;
     let answer = tokio::time::timeout(Duration::from_secs(10), retried).await.unwrap().unwrap();
     match answer {
         Ok(MetaResponse::Attr(attr)) => assert_eq!(attr.perm, 0o600),
@@ -308,8 +326,7 @@ async fn a_retry_of_a_change_still_waiting_for_acks_waits_with_it() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!first.is_finished(), "answered while the holder still cached the file");
     assert!(!retry.is_finished(), "the retry was answered before the holder acked");
-    let ack = MetaOp::CapsReleased { released: vec![CapRef { ino, seq }] };
-    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    ack(&client, holder, vec![CapRef { ino, seq }]).await;
     for answer in [first, retry] {
         let answer = tokio::time::timeout(Duration::from_secs(10), answer).await.unwrap().unwrap();
         assert_eq!(answer, Ok(MetaResponse::Done));
@@ -392,8 +409,7 @@ async fn many_names_are_looked_up_at_once_and_their_holders_recalled_together() 
     recalled.sort_by_key(|r| r.ino);
     assert_eq!(recalled, held);
     assert!(!wanted.is_finished(), "granted before the holder acked");
-    let ack = MetaOp::CapsReleased { released: held.to_vec() };
-    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    ack(&client, holder, held.to_vec()).await;
     let answer = tokio::time::timeout(Duration::from_secs(5), wanted).await.unwrap().unwrap();
     let Ok(MetaResponse::Grants { dir_seq, dir_version, grants }) = answer else {
         panic!("GetCapsMany answered {answer:?}")
@@ -415,14 +431,9 @@ async fn many_names_are_looked_up_at_once_and_their_holders_recalled_together() 
         let op = MetaOp::SetAttr { ino: inodes[1], set: chmod };
         async move { client.call(req(holder, 10, op)).await }
     });
-    let (recalls, _) = poll(&client, looker, vec![], 0).await;
-    let (recalls, _) = match recalls.is_empty() {
-        true => poll(&client, looker, vec![], term).await,
-        false => (recalls, term),
-    };
+    let recalls = next_recalls(&client, looker, term).await;
     assert_eq!(recalls.iter().map(|r| r.ino).collect::<Vec<_>>(), vec![inodes[1]]);
-    let ack = MetaOp::CapsReleased { released: recalls };
-    client.call_leader(req(looker, 0, ack), Duration::from_secs(5)).await.unwrap();
+    ack(&client, looker, recalls).await;
     tokio::time::timeout(Duration::from_secs(5), change).await.unwrap().unwrap().unwrap();
     // More names than one call may look up are refused.
     let too_many = vec![b"f0".to_vec(); LOOKUP_MANY_MAX + 1];
@@ -453,17 +464,9 @@ async fn many_files_are_taken_exclusively_at_once_and_other_holders_recalled() {
         let client = client.clone();
         async move { client.call_leader(take, Duration::from_secs(15)).await }
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (recalls, _) = poll(&client, holder, vec![], term).await;
-        if recalls.contains(&held) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the reader's shared cap was never recalled");
-    }
+    until_recalled(&client, holder, term, held, (10, "the recall of the shared cap")).await;
     assert!(!wanted.is_finished(), "taken before the holder acked");
-    let ack = MetaOp::CapsReleased { released: vec![held] };
-    client.call_leader(req(holder, 0, ack), Duration::from_secs(5)).await.unwrap();
+    ack(&client, holder, vec![held]).await;
     let answer = tokio::time::timeout(Duration::from_secs(5), wanted).await.unwrap().unwrap();
     let Ok(MetaResponse::Grants { grants, .. }) = answer else {
         panic!("TakeFiles answered {answer:?}")
@@ -478,14 +481,9 @@ async fn many_files_are_taken_exclusively_at_once_and_other_holders_recalled() {
         let client = client.clone();
         async move { take_cap(&client, holder, f1, CapMode::Shared).await }
     });
-    let (recalls, _) = poll(&client, taker, vec![], 0).await;
-    let (recalls, _) = match recalls.is_empty() {
-        true => poll(&client, taker, vec![], term).await,
-        false => (recalls, term),
-    };
+    let recalls = next_recalls(&client, taker, term).await;
     assert_eq!(recalls.iter().map(|r| r.ino).collect::<Vec<_>>(), vec![f1]);
     assert!(!asked.is_finished(), "granted shared while the taker held the file exclusively");
-    let ack = MetaOp::CapsReleased { released: recalls };
-    client.call_leader(req(taker, 0, ack), Duration::from_secs(5)).await.unwrap();
+    ack(&client, taker, recalls).await;
     tokio::time::timeout(Duration::from_secs(5), asked).await.unwrap().unwrap();
 }
