@@ -176,7 +176,7 @@ impl Client {
         name: &[u8],
         new: NewInode<'_>,
     ) -> Option<Result<Attr, FsError>> {
-        self.take_dir(parent).await;
+        self.take_dir(parent, LISTING_LIMIT).await;
         let _pin = self.pin(&[parent]).await;
         if self.sh.caps.listed(parent, name)?.is_some() {
             return Some(Err(FsError::Exists));
@@ -243,13 +243,14 @@ impl Client {
     ) -> Option<Result<(), FsError>> {
         let kind = if dir { FileKind::Dir } else { FileKind::File };
         if self.may_take(parent, name, kind) {
-            self.take_dir(parent).await;
+            self.take_dir(parent, LISTING_LIMIT).await;
         }
         let Some(child) = self.sh.caps.listed(parent, name)? else {
             return Some(Err(FsError::NotFound));
         };
         match dir {
-            true if self.sh.caps.listing_len(child).is_none() => self.take_dir(child).await,
+            // Only an empty one is worth a listing: any other answers ENOTEMPTY.
+            true if self.sh.caps.listing_len(child).is_none() => self.take_dir(child, 0).await,
             false if self.sh.caps.owns(child).is_none() => self.take_files(parent, name).await,
             _ => {}
         }
@@ -296,8 +297,8 @@ impl Client {
             return None;
         }
         if self.may_take(parent, name, FileKind::File) {
-            self.take_dir(parent).await;
-            self.take_dir(new_parent).await;
+            self.take_dir(parent, LISTING_LIMIT).await;
+            self.take_dir(new_parent, LISTING_LIMIT).await;
         }
         let Some(child) = self.sh.caps.listed(parent, name)? else {
             return Some(Err(FsError::NotFound));
@@ -449,9 +450,9 @@ impl Client {
         )))
     }
 
-    /// Asks meta for `dir` with its listing unless this client holds it already or meta
-    /// refused it lately.
-    async fn take_dir(&self, dir: InodeId) {
+    /// Asks meta for `dir` with its listing, if it has at most `limit` entries, unless
+    /// this client holds it already or meta refused it lately.
+    async fn take_dir(&self, dir: InodeId, limit: u32) {
         if self.sh.caps.listing_len(dir).is_some() {
             return;
         }
@@ -466,7 +467,7 @@ impl Client {
         }
         // A grant whose answer never came stays registered at meta like any lost answer:
         // this client acks its recall when another wants the directory.
-        let taken = tokio::time::timeout(TAKE_TIMEOUT, self.take(dir))
+        let taken = tokio::time::timeout(TAKE_TIMEOUT, self.take(dir, limit))
             .await
             .unwrap_or_else(|_| Err(FsError::Unavailable("no answer in time".into())));
         let taken = taken.unwrap_or_else(|e| {
@@ -498,24 +499,25 @@ impl Client {
     /// file recalls few others from the mounts that use them. A call that fails costs
     /// the removal its own call to meta.
     async fn take_files(&self, dir: InodeId, name: &[u8]) {
-        let window = {
-            let mut windows = self.sh.dirops.windows.lock().expect("windows lock poisoned");
+        let windows = &self.sh.dirops.windows;
+        let now = windows.lock().expect("windows lock poisoned").get(&dir).copied();
+        let now = now.unwrap_or(TAKE_FILES_FIRST);
+        let names = self.sh.caps.unowned_files_from(dir, name, now);
+        if names.first().is_none_or(|first| first != name) {
+            return;
+        }
+        {
+            let mut windows = windows.lock().expect("windows lock poisoned");
             if windows.len() > REFUSED_MAX {
                 windows.clear();
             }
-            let window = windows.entry(dir).or_insert(TAKE_FILES_FIRST);
-            let now = *window;
-            *window = (now * 2).min(LOOKUP_MANY_MAX);
-            now
-        };
-        let names = self.sh.caps.unowned_files_from(dir, name, window);
-        if names.first().is_some_and(|first| first == name) {
-            self.grant_many(MetaOp::TakeFiles { dir, names }, dir, name).await;
+            windows.insert(dir, (now * 2).min(LOOKUP_MANY_MAX));
         }
+        self.grant_many(MetaOp::TakeFiles { dir, names }, dir, name).await;
     }
 
-    async fn take(&self, dir: InodeId) -> Result<bool, FsError> {
-        let op = MetaOp::TakeDir { ino: dir, limit: LISTING_LIMIT };
+    async fn take(&self, dir: InodeId, limit: u32) -> Result<bool, FsError> {
+        let op = MetaOp::TakeDir { ino: dir, limit };
         let sent = Instant::now();
         let epoch = self.sh.caps.epoch();
         let changes = &self.sh.session.entry_changes;
