@@ -8,9 +8,11 @@
 //!        no --> TakeDir (unless refused lately) --> still no --> one meta call (as before)
 //!        yes --> name free in the listing? --> reserved inode number --> record the
 //!                change (listing, attributes, a cap on the new inode) --> queue --> answer
-//!  unlink / rmdir in D --> TakeDir of D (as above) --> the child is held exclusively
-//!        and known whole? no: a file --> TakeFiles of it and the files listed after
-//!        it (8, doubling per call up to 128); a directory --> TakeDir of it --> same
+//!  unlink / rmdir / rename in D --> TakeDir of D (and of the rename's target) unless
+//!        the name is known to go to meta anyway --> the child is held exclusively and
+//!        known whole? no: a file --> TakeFiles of it and the files listed after it
+//!        (8, doubling per call up to 128); an rmdir's directory --> TakeDir of it if
+//!        empty --> same
 //!  opens and last closes of files held exclusively --> queue
 //!
 //!  size commits of files held exclusively (file.rs) --> commit queue --> CommitWrites,
