@@ -47,6 +47,19 @@ async fn poll(
     }
 }
 
+/// Two sessions opened through `client`.
+async fn two_sessions(client: &MetaClient) -> (SessionId, SessionId) {
+    (open_session(client).await, open_session(client).await)
+}
+
+/// The leader's term, once `session` has reasserted its caps: the first poll learns the
+/// term, the second names it.
+async fn reasserted(client: &MetaClient, session: SessionId) -> u64 {
+    let (_, term) = poll(client, session, vec![], 0).await;
+    poll(client, session, vec![], term).await;
+    term
+}
+
 /// Acks `released`, recalls of `session`'s caps.
 async fn ack(client: &MetaClient, session: SessionId, released: Vec<CapRef>) {
     let ack = MetaOp::CapsReleased { released };
@@ -91,7 +104,7 @@ async fn a_silent_session_expires_and_its_open_orphan_becomes_garbage() {
     let cluster = Cluster::start(3, lease_tuning()).await;
     let leader = cluster.leader().await;
     let client = cluster.client_all();
-    let (silent, alive) = (open_session(&client).await, open_session(&client).await);
+    let (silent, alive) = two_sessions(&client).await;
     let ino = create(&client, alive, 1, "f").await;
     client.call(req(silent, 1, MetaOp::Open { ino })).await.unwrap();
     let unlink = MetaOp::Unlink { parent: InodeId::ROOT, name: b"f".to_vec(), open: false };
@@ -195,15 +208,13 @@ async fn a_recall_whose_answer_was_lost_is_sent_again() {
     let cluster = Cluster::start(1, Tuning { session_lease_ms: 8000, ..test_tuning() }).await;
     cluster.leader().await;
     let client = cluster.client_all();
-    let (holder, waiter) = (open_session(&client).await, open_session(&client).await);
+    let (holder, waiter) = two_sessions(&client).await;
     let ino = create(&client, holder, 1, "f").await;
     let caps = move |session| {
         req(session, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Exclusive })
     };
     let (seq, _) = take_cap(&client, holder, ino, CapMode::Exclusive).await;
-    // The first poll learns the term; the holder has reasserted with the second.
-    let (_, term) = poll(&client, holder, vec![], 0).await;
-    poll(&client, holder, vec![], term).await;
+    let term = reasserted(&client, holder).await;
     let wanted = tokio::spawn({
         let client = client.clone();
         async move { client.call_leader(caps(waiter), Duration::from_secs(15)).await }
@@ -228,7 +239,7 @@ async fn a_grant_waiting_at_a_leader_that_loses_its_place_is_sent_elsewhere() {
     let mut cluster = Cluster::start(3, Tuning { session_lease_ms: 30_000, ..test_tuning() }).await;
     let leader = cluster.leader().await;
     let client = cluster.client_all();
-    let (holder, waiter) = (open_session(&client).await, open_session(&client).await);
+    let (holder, waiter) = two_sessions(&client).await;
     let ino = create(&client, holder, 1, "f").await;
     let caps = move |session| {
         req(session, 0, MetaOp::GetCaps { ino, name: None, mode: CapMode::Exclusive })
@@ -259,7 +270,7 @@ async fn a_change_whose_leader_lost_its_place_before_the_acks_is_answered_after_
     let mut cluster = Cluster::start(3, Tuning { session_lease_ms: 30_000, ..test_tuning() }).await;
     let old = cluster.leader().await;
     let client = cluster.client_all();
-    let (holder, changer) = (open_session(&client).await, open_session(&client).await);
+    let (holder, changer) = two_sessions(&client).await;
     let ino = create(&client, holder, 1, "f").await;
     let (seq, version) = take_cap(&client, holder, ino, CapMode::Shared).await;
     let set = SetAttr { perm: Some(0o600), ..SetAttr::default() };
@@ -311,7 +322,7 @@ async fn a_retry_of_a_change_still_waiting_for_acks_waits_with_it() {
     let cluster = Cluster::start(1, Tuning { session_lease_ms: 30_000, ..test_tuning() }).await;
     let leader = cluster.leader().await;
     let client = cluster.client_all();
-    let (holder, changer) = (open_session(&client).await, open_session(&client).await);
+    let (holder, changer) = two_sessions(&client).await;
     let ino = create(&client, holder, 1, "f").await;
     let (seq, _) = take_cap(&client, holder, ino, CapMode::Shared).await;
     let unlink = MetaOp::Unlink { parent: InodeId::ROOT, name: b"f".to_vec(), open: false };
@@ -375,7 +386,7 @@ async fn many_names_are_looked_up_at_once_and_their_holders_recalled_together() 
     let cluster = Cluster::start(3, Tuning { session_lease_ms: 8000, ..test_tuning() }).await;
     cluster.leader().await;
     let client = cluster.client_all();
-    let (holder, looker) = (open_session(&client).await, open_session(&client).await);
+    let (holder, looker) = two_sessions(&client).await;
     let mut inodes = Vec::new();
     for (i, name) in ["f0", "f1", "f2", "f3"].into_iter().enumerate() {
         inodes.push(create(&client, holder, i as u64 + 1, name).await);
@@ -390,8 +401,7 @@ async fn many_names_are_looked_up_at_once_and_their_holders_recalled_together() 
             seq: take_cap(&client, holder, inodes[2], CapMode::Exclusive).await.0,
         },
     ];
-    let (_, term) = poll(&client, holder, vec![], 0).await;
-    poll(&client, holder, vec![], term).await;
+    let term = reasserted(&client, holder).await;
     let names = |list: &[&str]| list.iter().map(|n| n.as_bytes().to_vec()).collect::<Vec<_>>();
     let many = move |names| req(looker, 0, MetaOp::GetCapsMany { dir: InodeId::ROOT, names });
     let asked = many(names(&["f3", "f0", "missing", "f2", "f1"]));
@@ -449,15 +459,14 @@ async fn many_files_are_taken_exclusively_at_once_and_other_holders_recalled() {
     let cluster = Cluster::start(3, Tuning { session_lease_ms: 8000, ..test_tuning() }).await;
     cluster.leader().await;
     let client = cluster.client_all();
-    let (holder, taker) = (open_session(&client).await, open_session(&client).await);
+    let (holder, taker) = two_sessions(&client).await;
     let f0 = create(&client, holder, 1, "f0").await;
     let f1 = create(&client, holder, 2, "f1").await;
     let mkdir =
         MetaOp::Mkdir { parent: InodeId::ROOT, name: b"d".to_vec(), perm: 0o755, uid: 0, gid: 0 };
     client.call(req(holder, 3, mkdir)).await.unwrap();
     let held = CapRef { ino: f0, seq: take_cap(&client, holder, f0, CapMode::Shared).await.0 };
-    let (_, term) = poll(&client, holder, vec![], 0).await;
-    poll(&client, holder, vec![], term).await;
+    let term = reasserted(&client, holder).await;
     let names = ["f1", "d", "missing", "f0"].map(|n| n.as_bytes().to_vec()).to_vec();
     let take = req(taker, 0, MetaOp::TakeFiles { dir: InodeId::ROOT, names });
     let wanted = tokio::spawn({
