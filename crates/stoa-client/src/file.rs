@@ -312,6 +312,14 @@ impl FileInner {
     /// Two answers of one version must agree: one that does not shows a version this
     /// client made up or mixed up (docs/flows/write.md), a bug, reported.
     pub fn learn(&mut self, attr: &Attr) {
+        tracing::trace!(
+            ino = attr.ino.0,
+            version = attr.version,
+            size = attr.size,
+            newest = self.meta_version,
+            uncommitted_end = self.uncommitted_end,
+            "open file learns"
+        );
         if attr.version == self.meta_version && attr.size != self.newest_size {
             tracing::error!(
                 "inode {}: two answers of version {} disagree on its size ({} and {}): a \

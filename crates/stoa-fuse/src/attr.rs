@@ -53,6 +53,14 @@ pub fn set_time(t: TimeOrNow) -> SetTime {
 
 /// `a` as the attributes of the kernel's node `node` (its inode number, or an alias).
 pub fn file_attr(a: &Attr, node: u64) -> FileAttr {
+    tracing::trace!(
+        ino = a.ino.0,
+        node,
+        version = a.version,
+        size = a.size,
+        nlink = a.nlink,
+        "attributes to the kernel"
+    );
     // Meta keeps no size for a directory. A live one reports one block, as a small
     // directory on ext4 does, so `du` of a tree copied in matches the local one; a
     // removed one reports 0, as there.

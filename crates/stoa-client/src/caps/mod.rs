@@ -429,7 +429,8 @@ impl Caps {
     /// from the answer to a call sent at `sent` (an [`Caps::epoch`]).
     pub fn update_attr(&self, attr: Attr, sent: u64) {
         if let Some(h) = self.lock().held.get_mut(&attr.ino) {
-            keep_newest(h, &attr, sent);
+            let kept = keep_newest(h, &attr, sent);
+            trace_answer("answer", &attr, sent, h, kept);
         }
     }
 
@@ -439,6 +440,7 @@ impl Caps {
     pub fn forget(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
         let mut t = self.lock();
         let now = t.next_forget();
+        tracing::trace!(?inodes, forget = now, "attributes forgotten");
         let mut missing = false;
         for ino in inodes {
             if let Some(h) = t.held.get_mut(ino) {
@@ -797,7 +799,9 @@ impl Caps {
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
             h.used = used;
-            if keep_newest(h, &grant.attr, grant.sent) {
+            let kept = keep_newest(h, &grant.attr, grant.sent);
+            trace_answer("grant", &grant.attr, grant.sent, h, kept);
+            if kept {
                 h.xattrs = grant.xattrs.clone();
             }
             stored = true;
@@ -982,6 +986,23 @@ fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) -> bool {
         h.attr = Some(attr.clone());
     }
     newer
+}
+
+/// Traces what [`keep_newest`] made of attributes meta answered (`STOA_LOG` with
+/// `stoa_client=trace`): with the kernel's side (`stoa_fuse=trace`) and each open file's
+/// (`learn`), a stale answer can be followed to the call that brought it.
+fn trace_answer(what: &str, attr: &Attr, sent: u64, h: &Held, kept: bool) {
+    tracing::trace!(
+        ino = attr.ino.0,
+        version = attr.version,
+        size = attr.size,
+        nlink = attr.nlink,
+        sent,
+        forgotten = h.forgotten,
+        refused = h.refused,
+        kept,
+        "{what} attributes"
+    );
 }
 
 /// A grant from the leader.
