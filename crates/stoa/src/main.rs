@@ -49,7 +49,13 @@ enum Command {
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STOA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colours only on a terminal: a log file or the journal would keep the escapes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
 }
 
 fn main() {
