@@ -4,7 +4,7 @@ use crate::caps::{spawn_events, Access, Caps};
 use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::dirops::{DirOps, NewInode};
-use crate::file::{Durability, ErrorCursor, FileState, MetaOpen};
+use crate::file::{Durability, ErrorCursor, FileState, Files, MetaOpen};
 use crate::locks::KeptLocks;
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
@@ -64,8 +64,8 @@ pub(crate) struct Shared {
     /// Signalled whenever a chunk write finishes, for writers waiting for room.
     pub pending_changed: Notify,
     pub prefetch_bytes: Arc<AtomicUsize>,
-    /// Files with open handles, pending writes, or a truncate under way.
-    files: Mutex<HashMap<InodeId, Arc<FileState>>>,
+    /// Files with open handles, pending writes, or a claim (an open or a truncate).
+    pub files: Files,
     handles: Mutex<HashMap<u64, Arc<OpenHandle>>>,
     next_handle: AtomicU64,
     /// `(inode, lock owner)` pairs that may hold cluster-wide locks, each with the
@@ -126,7 +126,7 @@ impl Client {
             write_failed_at: Mutex::new(None),
             pending_changed: Notify::new(),
             prefetch_bytes: Arc::new(AtomicUsize::new(0)),
-            files: Mutex::new(HashMap::new()),
+            files: Files::new(grant.chunk_size_bytes),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             locked: Mutex::new(HashMap::new()),
@@ -156,16 +156,11 @@ impl Client {
     /// Opens inode `ino` for I/O. Meta is told of the first handle of a file, so that
     /// the file outlives an unlink or a rename over it, by anyone, until released.
     pub async fn open(&self, ino: InodeId) -> Result<FileHandle, FsError> {
-        let file = self.sh.file(ino);
-        let opened = self.register_open(&file).await;
-        let session = match opened {
-            Ok(session) => session,
-            Err(e) => {
-                self.sh.forget_if_unused(ino);
-                return Err(e);
-            }
-        };
-        Ok(self.add_handle(file, session))
+        // Claimed until the handle counts: a state dropped meanwhile would take this
+        // handle's writes where no other operation looks.
+        let claim = self.sh.files.claim(ino);
+        let session = self.register_open(&claim.file).await?;
+        Ok(self.add_handle(claim.file.clone(), session))
     }
 
     /// Creates a regular file and opens it, in one meta call (`CreateOpen`): one log
@@ -194,7 +189,8 @@ impl Client {
                 attr?
             }
         };
-        let file = self.sh.file(attr.ino);
+        let claim = self.sh.files.claim(attr.ino);
+        let file = &claim.file;
         let session = {
             let mut meta_open = file.meta_open.lock().await;
             // The call may have moved to a new session if meta expired the old one.
@@ -207,7 +203,7 @@ impl Client {
             file.lock().opens += 1;
             current
         };
-        Ok((attr, self.add_handle(file, session)))
+        Ok((attr, self.add_handle(file.clone(), session)))
     }
 
     fn add_handle(&self, file: Arc<FileState>, session: SessionId) -> FileHandle {
@@ -527,10 +523,8 @@ impl Client {
     /// Flushes every file with buffered writes; returns the first error.
     pub async fn flush_all(&self) -> Result<(), FsError> {
         self.sync_namespace().await;
-        let files: Vec<Arc<FileState>> =
-            self.sh.files.lock().expect("files lock poisoned").values().cloned().collect();
         let mut first = Ok(());
-        for file in files {
+        for file in self.sh.files.all() {
             if let Err(e) = file.flush_unowned(&self.sh).await {
                 tracing::warn!("flushing inode {} failed: {e}", file.ino);
                 first = first.and(Err(e));
@@ -565,9 +559,7 @@ impl Client {
             format!("size commits answered {commits_done} of {commits}"),
         ];
         parts.extend(self.sh.caps.busy());
-        let mut files: Vec<Arc<FileState>> =
-            self.sh.files.lock().expect("files lock poisoned").values().cloned().collect();
-        files.sort_unstable_by_key(|f| f.ino);
+        let files = self.sh.files.all();
         let busy =
             |f: &Arc<FileState>| f.lock().busy().map(|busy| format!("inode {}: {busy}", f.ino));
         parts.extend(files.iter().filter_map(busy));
@@ -577,7 +569,7 @@ impl Client {
     /// Corrects attributes from meta with what this client knows better: the size of a
     /// file it is writing.
     pub(crate) fn adjust(&self, mut attr: Attr) -> Attr {
-        let file = self.sh.files.lock().expect("files lock poisoned").get(&attr.ino).cloned();
+        let file = self.sh.files.get(attr.ino);
         if let Some(file) = file {
             let capped = self.sh.caps.holds(attr.ino, CapMode::Shared);
             let mut inner = file.lock();
@@ -592,30 +584,14 @@ impl Client {
 }
 
 impl Shared {
-    /// The state of `ino`, created on first use.
-    pub fn file(&self, ino: InodeId) -> Arc<FileState> {
-        let mut files = self.files.lock().expect("files lock poisoned");
-        files.entry(ino).or_insert_with(|| Arc::new(FileState::new(ino, self.chunk_size))).clone()
-    }
-
-    /// The state of `ino` if this client has it open or busy.
+    /// The state of `ino` if this client has it open, busy or claimed.
     pub fn open_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
-        self.files.lock().expect("files lock poisoned").get(&ino).cloned()
+        self.files.get(ino)
     }
 
-    /// Drops the state of `ino` once no handle uses it and nothing is in flight.
+    /// Drops the state of `ino` once nothing uses it ([`Files::forget_if_unused`]).
     pub fn forget_if_unused(&self, ino: InodeId) {
-        let mut files = self.files.lock().expect("files lock poisoned");
-        let unused = files.get(&ino).is_some_and(|f| {
-            // A release still on its way to meta keeps the state: a new open must see
-            // it, or its Open could cross that Release.
-            let released = f.meta_open.try_lock().is_ok_and(|m| m.is_none());
-            let inner = f.lock();
-            inner.opens == 0 && inner.is_idle() && released
-        });
-        if unused {
-            files.remove(&ino);
-        }
+        self.files.forget_if_unused(ino);
     }
 
     /// The open handle `fh`; `EIO` if it belongs to a session meta expired.

@@ -71,10 +71,9 @@ impl Client {
             }
             // Other clients' buffered writes land first, and their cached pages go.
             let _access = self.access(ino, CapMode::Exclusive).await?;
-            let file = self.sh.file(ino);
-            let result = file.truncate(&self.sh, set, old.size).await;
-            drop(file);
-            self.sh.forget_if_unused(ino);
+            let claim = self.sh.files.claim(ino);
+            let result = claim.file.truncate(&self.sh, set, old.size).await;
+            drop(claim);
             result?
         } else {
             if let Some(file) = self.sh.open_file(ino) {
