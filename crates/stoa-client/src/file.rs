@@ -1070,10 +1070,9 @@ mod tests {
     use super::*;
     use stoa_types::{FileKind, Timestamp};
 
-    /// An open claims the state before it waits (for meta, or for a release of the
-    /// file under way): a forget of the inode meanwhile (an earlier handle's release or
-    /// commit ending) leaves it, so that the handle writes where every other operation
-    /// on the file looks.
+    /// An open claims the state before it waits for a release of the file under way: a
+    /// forget of the inode meanwhile (that release, or an earlier commit, ending) leaves
+    /// it, so that the handle writes where every other operation on the file looks.
     #[test]
     fn a_claimed_state_stays_the_inodes_until_the_claim_ends() {
         let (files, ino) = (Files::new(1 << 20), InodeId(7));
