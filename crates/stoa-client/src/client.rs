@@ -277,7 +277,7 @@ impl Client {
             let client = self.clone();
             tokio::spawn(async move { client.release_in_meta(file).await });
         } else {
-            self.sh.forget_if_unused(file.ino);
+            self.sh.files.forget_if_unused(file.ino);
         }
         if handle.session != self.sh.session.id() {
             return Err(expired_handle());
@@ -322,7 +322,7 @@ impl Client {
                 *meta_open = None;
             }
         }
-        self.sh.forget_if_unused(file.ino);
+        self.sh.files.forget_if_unused(file.ino);
     }
 
     /// Notes that the kernel keeps what reads of `fh` return in its page cache (a handle
@@ -584,16 +584,6 @@ impl Client {
 }
 
 impl Shared {
-    /// The state of `ino` if this client has it open, busy or claimed.
-    pub fn open_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
-        self.files.get(ino)
-    }
-
-    /// Drops the state of `ino` once nothing uses it ([`Files::forget_if_unused`]).
-    pub fn forget_if_unused(&self, ino: InodeId) {
-        self.files.forget_if_unused(ino);
-    }
-
     /// The open handle `fh`; `EIO` if it belongs to a session meta expired.
     fn handle(&self, fh: FileHandle) -> Result<Arc<OpenHandle>, FsError> {
         let handle = {

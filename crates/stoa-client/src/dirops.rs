@@ -272,7 +272,7 @@ impl Client {
             (false, false) => {}
         }
         // A file this client has open or is writing keeps its cap: its handles go on.
-        let keep = !dir && self.sh.open_file(child).is_some();
+        let keep = !dir && self.sh.files.get(child).is_some();
         let at = Timestamp::now();
         let change = Change::Removed { child, dir, at, keep };
         let generation = self.sh.caps.record_change(parent, name, change)?;
@@ -332,7 +332,7 @@ impl Client {
                 if old_attr.nlink != 1 {
                     return None;
                 }
-                Some((old, self.sh.open_file(old).is_some()))
+                Some((old, self.sh.files.get(old).is_some()))
             }
         };
         let at = Timestamp::now();
@@ -383,7 +383,7 @@ impl Client {
     /// meanwhile; one queued after it reaches meta after it.
     pub(crate) async fn setattr_here(&self, ino: InodeId, set: &SetAttr) -> Option<Attr> {
         let _pin = self.pin(&[ino]).await;
-        let file = self.sh.open_file(ino);
+        let file = self.sh.files.get(ino);
         let times = set.atime.is_some() || set.mtime.is_some();
         if let Some(file) = file.as_ref().filter(|_| times) {
             // `tar` sets the times before its close: its writes are still buffered.
@@ -708,7 +708,7 @@ async fn call(
 /// cap take the attributes it left, whose version orders them against every other
 /// answer.
 fn committed(sh: &Shared, attr: Attr, sent: u64) {
-    let attr = match sh.open_file(attr.ino) {
+    let attr = match sh.files.get(attr.ino) {
         Some(file) => {
             let mut inner = file.lock();
             inner.learn(&attr);
@@ -736,7 +736,7 @@ fn refused(sh: &Shared, op: &Op, e: &FsError) {
         BatchOp::Create { ino, parent, .. } => {
             lost(*parent);
             sh.caps.forget(&[*ino], &[]);
-            if let Some(file) = sh.open_file(*ino) {
+            if let Some(file) = sh.files.get(*ino) {
                 file.lock()
                     .fail(FsError::Io(format!("meta refused the create of inode {ino}: {e}")));
             }
@@ -747,13 +747,13 @@ fn refused(sh: &Shared, op: &Op, e: &FsError) {
             lost(*new_parent);
         }
         BatchOp::Open { ino } => {
-            if let Some(file) = sh.open_file(*ino) {
+            if let Some(file) = sh.files.get(*ino) {
                 file.lock().fail(FsError::Io(format!("meta refused the open of inode {ino}: {e}")));
             }
         }
         BatchOp::SetAttr { ino, .. } => {
             sh.caps.forget(&[*ino], &[]);
-            if let Some(file) = sh.open_file(*ino) {
+            if let Some(file) = sh.files.get(*ino) {
                 let lost = format!("meta refused an attribute change of inode {ino}: {e}");
                 file.lock().fail(FsError::Io(lost));
             }
@@ -773,7 +773,7 @@ fn commit_refused(sh: &Shared, ino: InodeId, e: &FsError) {
         return;
     }
     tracing::error!("a size commit of inode {ino} this client had answered was lost: {e}");
-    if let Some(file) = sh.open_file(ino) {
+    if let Some(file) = sh.files.get(ino) {
         file.lock().fail(FsError::Io(format!("meta refused the size commit of inode {ino}: {e}")));
     }
 }

@@ -625,7 +625,7 @@ impl FileState {
     /// Lets the state of a file with no handle left go once nothing is left of it.
     fn forget_if_closed(&self, sh: &Shared) {
         if self.lock().opens == 0 {
-            sh.forget_if_unused(self.ino);
+            sh.files.forget_if_unused(self.ino);
         }
     }
 

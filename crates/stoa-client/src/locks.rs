@@ -267,14 +267,14 @@ impl Client {
     }
 
     async fn flush_inode(&self, ino: InodeId) -> Result<(), FsError> {
-        match self.sh.open_file(ino) {
+        match self.sh.files.get(ino) {
             Some(file) => file.flush_unowned(&self.sh).await,
             None => Ok(()),
         }
     }
 
     fn drop_cached_data(&self, ino: InodeId) {
-        if let Some(file) = self.sh.open_file(ino) {
+        if let Some(file) = self.sh.files.get(ino) {
             file.lock().prefetched.clear();
         }
     }

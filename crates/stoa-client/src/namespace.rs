@@ -76,7 +76,7 @@ impl Client {
             drop(claim);
             result?
         } else {
-            if let Some(file) = self.sh.open_file(ino) {
+            if let Some(file) = self.sh.files.get(ino) {
                 file.flush_unowned(&self.sh).await?;
                 drop(file);
                 // Its writes out and committed, the change may be made here after all.

@@ -104,7 +104,7 @@ impl Client {
     pub(super) fn keep(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
         let stored = self.sh.caps.store(grant, dir);
         if stored {
-            if let Some(file) = self.sh.open_file(grant.attr.ino) {
+            if let Some(file) = self.sh.files.get(grant.attr.ino) {
                 file.lock().learn(&grant.attr);
             }
         }

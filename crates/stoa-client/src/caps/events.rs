@@ -80,7 +80,7 @@ pub(crate) fn spawn_events(sh: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
 /// Gives back, in the background, the least recently used caps while the client holds
 /// more than its bound (see the module doc, "Bounded"); one such task at a time.
 fn give_back_idle(sh: &Arc<Shared>) {
-    let idle = sh.caps.over_bound(|ino| sh.open_file(ino).is_some());
+    let idle = sh.caps.over_bound(|ino| sh.files.get(ino).is_some());
     if idle.is_empty() || sh.caps.trimming.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -159,7 +159,7 @@ fn forget_soon(sh: &Arc<Shared>, dropped: Vec<(InodeId, Held)>) {
 
 fn drop_file_caches(sh: &Shared, dropped: &[(InodeId, Held)]) {
     for (ino, _) in dropped {
-        if let Some(file) = sh.open_file(*ino) {
+        if let Some(file) = sh.files.get(*ino) {
             file.lock().drop_cap_cache();
         }
     }
@@ -222,7 +222,7 @@ async fn recall(sh: Arc<Shared>, r: CapRef) {
         sh.session.backlog.wait_naming(r.ino).await;
         steps.mark("namespace changes queued");
         if dropped.is_some() {
-            if let Some(file) = sh.open_file(r.ino) {
+            if let Some(file) = sh.files.get(r.ino) {
                 if let Err(e) = file.flush_recalled(&sh).await {
                     // The file keeps the error for every handle's next flush, fsync
                     // or close.
