@@ -200,6 +200,23 @@ struct Table {
     /// (`pages.rs`), and those entries' sum.
     paged: std::collections::VecDeque<(InodeId, usize)>,
     paged_entries: usize,
+    /// What forgets left of inodes this client holds no cap on (forgotten while not
+    /// held, or held until their cap went), for as long as a call sent before can still
+    /// be answered: a grant asked for before such a forget may arrive after it and make
+    /// the inode held again, and must find the forget there (caps.md invariant 15).
+    unheld: HashMap<InodeId, Unheld>,
+    /// The forget number of the last [`Caps::forget_linked`]: an answer counting more
+    /// than one link, to a call sent before it, may count a name this client removed
+    /// since, and is not cached.
+    linked: u64,
+}
+
+/// [`Held::forgotten`] and [`Held::refused`] of an inode no longer held, and when they
+/// were left here.
+struct Unheld {
+    forgotten: u64,
+    refused: u64,
+    at: Instant,
 }
 
 impl Table {
@@ -220,8 +237,30 @@ impl Table {
     /// a create that found the name just before the removal), and its next grant must
     /// be cached.
     fn drop_own(&mut self, ino: InodeId) {
-        if self.held.remove(&ino).is_some() {
+        if self.unhold(ino).is_some() {
             self.recalled.insert(ino, (UNTOLD, Instant::now()));
+        }
+    }
+
+    /// Removes the cap on `ino`, keeping what its forgets left ([`Table::unheld`]).
+    fn unhold(&mut self, ino: InodeId) -> Option<Held> {
+        let h = self.held.remove(&ino)?;
+        self.left(ino, &h);
+        Some(h)
+    }
+
+    fn left(&mut self, ino: InodeId, h: &Held) {
+        if h.forgotten > 0 || h.refused > 0 {
+            let (forgotten, refused, at) = (h.forgotten, h.refused, Instant::now());
+            self.unheld.insert(ino, Unheld { forgotten, refused, at });
+        }
+    }
+
+    /// A new cap on `ino`, with what forgets left of it while it was not held.
+    fn fresh(&self, ino: InodeId, held: Held) -> Held {
+        match self.unheld.get(&ino) {
+            Some(u) => Held { forgotten: u.forgotten, refused: u.refused, ..held },
+            None => held,
         }
     }
 
@@ -253,6 +292,7 @@ impl Table {
         let recent = |at: Instant| now.saturating_duration_since(at) < max_call;
         self.recalled.retain(|_, &mut (seq, at)| seq == UNTOLD || recent(at));
         self.released_at.retain(|_, &mut (_, at)| recent(at));
+        self.unheld.retain(|_, u| recent(u.at));
         self.busy.retain(|_, until| *until > now);
         self.gates.retain(|_, gate| Arc::strong_count(gate) > 1);
     }
@@ -428,8 +468,10 @@ impl Caps {
     /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held,
     /// from the answer to a call sent at `sent` (an [`Caps::epoch`]).
     pub fn update_attr(&self, attr: Attr, sent: u64) {
-        if let Some(h) = self.lock().held.get_mut(&attr.ino) {
-            let kept = keep_newest(h, &attr, sent);
+        let mut t = self.lock();
+        let linked = t.linked;
+        if let Some(h) = t.held.get_mut(&attr.ino) {
+            let kept = keep_newest(h, &attr, sent, linked);
             trace_answer("answer", &attr, sent, h, kept);
         }
     }
@@ -448,6 +490,9 @@ impl Caps {
                 h.listing = None;
                 h.pages.clear();
                 missing |= std::mem::take(&mut h.kernel_missing);
+            } else {
+                let refused = t.unheld.get(ino).map_or(0, |u| u.refused);
+                t.unheld.insert(*ino, Unheld { forgotten: now, refused, at: Instant::now() });
             }
         }
         for (parent, name) in names {
@@ -482,10 +527,13 @@ impl Caps {
     }
 
     /// Forgets the attributes of every hard-linked inode: a name this client removed may
-    /// have been one of theirs without this client having looked it up.
+    /// have been one of theirs without this client having looked it up. Nor is an
+    /// answer counting more than one link cached if its call was sent before: the inode
+    /// may have had nothing cached now, or no cap at all.
     pub fn forget_linked(&self) {
         let mut t = self.lock();
         let now = t.next_forget();
+        t.linked = now;
         for h in t.held.values_mut() {
             if h.attr.as_ref().is_some_and(|a| a.nlink > 1) {
                 h.forget_attr(now);
@@ -585,11 +633,15 @@ impl Caps {
             return false;
         }
         let listing = grant.entries.iter().map(|e| (e.name.clone(), (e.ino, e.kind))).collect();
-        let h =
-            t.held.entry(ino).or_insert_with(|| Held { since: grant.attr.version, ..empty_held() });
+        if !t.held.contains_key(&ino) {
+            let held = t.fresh(ino, Held { since: grant.attr.version, ..empty_held() });
+            t.held.insert(ino, held);
+        }
+        let linked = t.linked;
+        let h = t.held.get_mut(&ino).expect("inserted above");
         h.mode = CapMode::Exclusive;
         h.seq = h.seq.max(grant.seq);
-        keep_newest(h, &grant.attr, sent);
+        keep_newest(h, &grant.attr, sent, linked);
         h.listing = Some(listing);
         h.pages.clear();
         true
@@ -791,15 +843,19 @@ impl Caps {
     fn store(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
         let mut t = self.lock();
         let mut stored = false;
-        let used = t.tick;
-        if !t.late(grant.attr.ino, grant.seq, grant.sent) {
-            let since = grant.attr.version;
-            let held = Held { mode: grant.mode, seq: grant.seq, since, ..empty_held() };
-            let h = t.held.entry(grant.attr.ino).or_insert(held);
+        let (used, linked, ino) = (t.tick, t.linked, grant.attr.ino);
+        if !t.late(ino, grant.seq, grant.sent) {
+            if !t.held.contains_key(&ino) {
+                let since = grant.attr.version;
+                let held = Held { mode: grant.mode, seq: grant.seq, since, ..empty_held() };
+                let held = t.fresh(ino, held);
+                t.held.insert(ino, held);
+            }
+            let h = t.held.get_mut(&ino).expect("inserted above");
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
             h.used = used;
-            let kept = keep_newest(h, &grant.attr, grant.sent);
+            let kept = keep_newest(h, &grant.attr, grant.sent, linked);
             trace_answer("grant", &grant.attr, grant.sent, h, kept);
             if kept {
                 h.xattrs = grant.xattrs.clone();
@@ -859,7 +915,7 @@ impl Caps {
         *at = now;
         if repeated {
             return match t.held.get(&r.ino) {
-                Some(h) if h.seq <= r.seq => t.held.remove(&r.ino),
+                Some(h) if h.seq <= r.seq => t.unhold(r.ino),
                 _ => None,
             };
         }
@@ -868,7 +924,7 @@ impl Caps {
         // what was cached under every grant of the inode (a name looked up under the
         // recalled grant and renamed away since by another session), and the leader's
         // wait ends with this ack (invariant 22).
-        let held = t.held.remove(&r.ino)?;
+        let held = t.unhold(r.ino)?;
         // Where the kernel expires all names at once, no recall waits for a directory's
         // lock, so there is no cycle to avoid (invariant 24).
         let expires_all = self.kernel.get().is_some_and(|k| k.can_expire_all_names());
@@ -924,7 +980,11 @@ impl Caps {
     fn take_all(t: &mut Table) -> Vec<(InodeId, Held)> {
         t.valid_until = None;
         t.generation += 1;
-        t.held.drain().collect()
+        let all: Vec<(InodeId, Held)> = t.held.drain().collect();
+        for (ino, h) in &all {
+            t.left(*ino, h);
+        }
+        all
     }
 
     /// The generation of the caps writes are buffered under now.
@@ -972,9 +1032,12 @@ pub(crate) enum Change {
 /// forgotten nothing cached is left to compare a version with (caps.md invariant 15).
 /// What is cached came from a call sent after the last forget, so a newer version than
 /// it is newer than what made the forget too, even in the answer to a call sent before.
+/// An answer counting more than one link is not cached if its call was sent before
+/// `linked` ([`Caps::forget_linked`]).
 /// Returns whether it was cached.
-fn keep_newest(h: &mut Held, attr: &Attr, sent: u64) -> bool {
+fn keep_newest(h: &mut Held, attr: &Attr, sent: u64, linked: u64) -> bool {
     let newer = match &h.attr {
+        _ if attr.nlink > 1 && linked > sent => false,
         Some(cached) => cached.version <= attr.version,
         None if h.forgotten > sent => {
             h.refused = h.refused.max(attr.version);
@@ -1486,5 +1549,73 @@ mod tests {
         assert!(caps.cached_attr(file).is_none(), "a grant older than an answer seen");
         caps.update_attr(longer.clone(), caps.epoch());
         assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(longer));
+    }
+
+    /// A forget holds for an inode with no cap too, and outlasts a cap that goes: a
+    /// grant asked for before it, arriving after, gives a cap but its attributes are not
+    /// cached. The same after every cap lapsed, and after a recall.
+    #[test]
+    fn a_forget_holds_for_a_grant_asked_before_it_while_the_inode_had_no_cap() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let file = InodeId(2);
+        let mut linked = attr(file);
+        linked.nlink = 2;
+        let before = caps.epoch();
+        caps.forget(&[file], &[]);
+        assert!(caps.store(&shared(linked.clone(), cap_seq(1, 1), 0, before), None));
+        assert!(caps.holds(file, CapMode::Shared));
+        assert!(caps.cached_attr(file).is_none(), "asked for before the forget");
+        let mut unlinked = linked.clone();
+        (unlinked.nlink, unlinked.version) = (1, 2);
+        assert!(caps.store(&shared(unlinked.clone(), cap_seq(1, 2), 0, caps.epoch()), None));
+        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked.clone()));
+        // Forgotten under a cap that then lapses, or is recalled.
+        for lose in [
+            |c: &Caps| drop(c.drop_all()),
+            |c: &Caps| drop(c.begin_recall(CapRef { ino: InodeId(2), seq: cap_seq(1, 9) })),
+        ] {
+            let before = caps.epoch();
+            caps.forget(&[file], &[]);
+            lose(&caps);
+            caps.renewed(Instant::now(), Duration::from_secs(10));
+            assert!(caps.store(&shared(linked.clone(), cap_seq(2, 1), 0, before), None));
+            assert!(caps.cached_attr(file).is_none(), "asked for before the forget");
+            assert!(caps.store(&shared(unlinked.clone(), cap_seq(2, 2), 0, caps.epoch()), None));
+            assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked.clone()));
+        }
+    }
+
+    /// After this client removed a name without knowing its inode, no answer counting
+    /// more than one link to a call sent before is cached, whether the inode had its
+    /// attributes cached, had them forgotten, or had no cap: the name removed may have
+    /// been one of its links. One link is not in doubt.
+    #[test]
+    fn a_removal_by_an_unknown_name_keeps_out_link_counts_asked_for_before_it() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let (cached, forgotten, unheld, single) = (InodeId(2), InodeId(3), InodeId(4), InodeId(5));
+        let linked = |ino| Attr { nlink: 2, ..attr(ino) };
+        for ino in [cached, forgotten] {
+            assert!(caps.store(&shared(linked(ino), cap_seq(1, ino.0), 0, 0), None));
+        }
+        caps.forget(&[forgotten], &[]);
+        let before = caps.epoch();
+        caps.forget_linked();
+        for ino in [cached, forgotten] {
+            caps.update_attr(Attr { version: 2, ..linked(ino) }, before);
+            assert!(caps.cached_attr(ino).is_none(), "inode {ino}");
+        }
+        assert!(caps.store(&shared(linked(unheld), cap_seq(1, 6), 0, before), None));
+        assert!(caps.cached_attr(unheld).is_none());
+        assert!(caps.store(&shared(attr(single), cap_seq(1, 7), 0, before), None));
+        assert!(caps.cached_attr(single).is_some(), "one link");
+        let after = caps.epoch();
+        for ino in [cached, forgotten, unheld] {
+            caps.update_attr(Attr { version: 3, ..linked(ino) }, after);
+        }
+        for ino in [cached, forgotten, unheld] {
+            assert!(caps.cached_attr(ino).is_some(), "inode {ino}: asked for after");
+        }
     }
 }
