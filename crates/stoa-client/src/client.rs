@@ -581,6 +581,22 @@ impl Client {
         }
         attr
     }
+
+    /// `attr`, from meta, as the kernel is to get it ([`Client::adjust`]), unless this
+    /// client has seen a newer version of the inode (`seen`: before a forget dropped
+    /// it), which the kernel must not be given an older one after: answers of calls meta
+    /// served in one order can arrive in another (a size commit's before a grant read
+    /// ahead of it). Then meta is asked again, after that newer answer arrived, so its
+    /// answer is at least as new.
+    pub(crate) async fn newest(&self, attr: Attr, seen: bool) -> Result<Attr, FsError> {
+        let attr = self.adjust(attr);
+        if !seen && !self.sh.caps.knows_newer(&attr) {
+            return Ok(attr);
+        }
+        tracing::trace!(ino = attr.ino.0, version = attr.version, "older than seen: asked again");
+        let fresh = self.sh.session.call_attr(MetaOp::GetAttr { ino: attr.ino }).await?;
+        Ok(self.adjust(fresh))
+    }
 }
 
 impl Shared {

@@ -708,15 +708,10 @@ async fn call(
 /// cap take the attributes it left, whose version orders them against every other
 /// answer.
 fn committed(sh: &Shared, attr: Attr, sent: u64) {
-    let attr = match sh.files.get(attr.ino) {
-        Some(file) => {
-            let mut inner = file.lock();
-            inner.learn(&attr);
-            inner.with_deferred(attr)
-        }
-        None => attr,
-    };
-    sh.caps.update_attr(attr, sent);
+    match sh.files.get(attr.ino) {
+        Some(file) => file.lock().committed(&sh.caps, attr, sent),
+        None => sh.caps.update_attr(attr, sent),
+    }
 }
 
 /// Meta refused a change this client had already answered, or it was never sent: the

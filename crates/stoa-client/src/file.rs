@@ -23,6 +23,7 @@
 //! Backpressure: a writer waits while its file has `FILE_PENDING_MAX` chunk writes queued
 //! or in flight, or while the whole client has `CLIENT_PENDING_BYTES_MAX` of them.
 
+use crate::caps::Caps;
 use crate::client::Shared;
 use crate::dirops;
 use crate::read::Prefetch;
@@ -279,6 +280,15 @@ impl FileInner {
     /// Holds back a change [`FileInner::attr_change`] deferred.
     pub fn defer(&mut self, change: DeferredAttr) {
         self.deferred.push(change);
+    }
+
+    /// Takes `attr`, the answer to a size commit sent at epoch `sent`, into the cap's
+    /// cache and then the file, under the file's lock: a grant of the file stored
+    /// meanwhile, older, is then either replaced by it in the cache or refused there,
+    /// never answered from the cache after the file knew better.
+    pub(crate) fn committed(&mut self, caps: &Caps, attr: Attr, sent: u64) {
+        caps.update_attr(self.with_deferred(attr.clone()), sent);
+        self.learn(&attr);
     }
 
     /// `attr`, a commit's answer, with the deferred changes on top, as meta will have
@@ -710,10 +720,7 @@ impl FileState {
             };
             let mut inner = self.lock();
             match result {
-                Ok(MetaResponse::Attr(attr)) => {
-                    inner.learn(&attr);
-                    sh.caps.update_attr(inner.with_deferred(attr), sent);
-                }
+                Ok(MetaResponse::Attr(attr)) => inner.committed(&sh.caps, attr, sent),
                 Ok(_) => {
                     inner.meta_size = Some(inner.meta_size.map_or(end, |s| s.max(end)));
                     // No attributes to update the cap's with: they are stale now.

@@ -259,8 +259,13 @@ impl Client {
         validate_name(new_name)?;
         let op = MetaOp::Link { ino, new_parent, new_name: new_name.to_vec() };
         let attr = self.sh.session.call_attr(op).await;
+        // A size commit meta applied after the link can be answered first: the kernel
+        // must not get the size from before it (the reply has no TTL, but a page fault
+        // of a mapping would meet that size meanwhile). The forget drops it from the
+        // cache, so the cache is asked before.
+        let seen = attr.as_ref().is_ok_and(|a| self.sh.caps.knows_newer(a));
         self.sh.caps.forget(&[ino, new_parent], &[]);
-        Ok(self.adjust(attr?))
+        self.newest(attr?, seen).await
     }
 
     /// Lists up to `limit` entries of directory `ino` in name order, after the name

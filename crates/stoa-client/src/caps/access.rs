@@ -158,7 +158,7 @@ impl Client {
                 // Recalled as soon as it came: answer from meta, cache nothing.
                 drop(pin);
                 let attr = self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?;
-                Ok((self.adjust(attr), Duration::ZERO, Pinned::none()))
+                Ok((self.newest(attr, false).await?, Duration::ZERO, Pinned::none()))
             }
         }
     }
@@ -203,11 +203,14 @@ impl Client {
         let pin = self.pin(&[parent, ino.unwrap_or(parent)]).await;
         match (cached(self), fresh) {
             (Some((attr, ttl)), _) => Ok((self.adjust(attr), ttl, pin)),
-            (None, Some(attr)) => Ok((self.adjust(attr), Duration::ZERO, Pinned::none())),
+            (None, Some(attr)) => {
+                drop(pin);
+                Ok((self.newest(attr, false).await?, Duration::ZERO, Pinned::none()))
+            }
             (None, None) => {
                 drop(pin);
                 let (attr, _) = self.acquire(parent, Some(name), CapMode::Shared).await?;
-                Ok((self.adjust(attr), Duration::ZERO, Pinned::none()))
+                Ok((self.newest(attr, false).await?, Duration::ZERO, Pinned::none()))
             }
         }
     }

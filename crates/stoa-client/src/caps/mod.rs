@@ -465,6 +465,14 @@ impl Caps {
         self.lock().forgets
     }
 
+    /// Whether this client has seen a newer version of `attr`'s inode than `attr`: one
+    /// cached, or one refused while nothing was cached.
+    pub fn knows_newer(&self, attr: &Attr) -> bool {
+        let t = self.lock();
+        let Some(h) = t.held.get(&attr.ino) else { return false };
+        h.attr.as_ref().map_or(h.refused, |a| a.version.max(h.refused)) > attr.version
+    }
+
     /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held,
     /// from the answer to a call sent at `sent` (an [`Caps::epoch`]).
     pub fn update_attr(&self, attr: Attr, sent: u64) {
@@ -1617,5 +1625,27 @@ mod tests {
         for ino in [cached, forgotten, unheld] {
             assert!(caps.cached_attr(ino).is_some(), "inode {ino}: asked for after");
         }
+    }
+
+    /// A newer version is known when one is cached, or was refused while nothing was
+    /// cached; an answer older than either is not handed to the kernel as it is
+    /// (`Client::newest`).
+    #[test]
+    fn a_newer_version_is_known_cached_or_refused() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let file = InodeId(2);
+        let at = |version| Attr { version, ..attr(file) };
+        assert!(!caps.knows_newer(&at(1)), "not held");
+        assert!(caps.store(&shared(at(3), cap_seq(1, 1), 0, caps.epoch()), None));
+        assert!(caps.knows_newer(&at(2)));
+        assert!(!caps.knows_newer(&at(3)));
+        let before = caps.epoch();
+        caps.forget(&[file], &[]);
+        assert!(!caps.knows_newer(&at(2)), "forgotten");
+        caps.update_attr(at(5), before);
+        assert!(caps.cached_attr(file).is_none());
+        assert!(caps.knows_newer(&at(4)), "refused");
+        assert!(!caps.knows_newer(&at(5)));
     }
 }
