@@ -40,11 +40,13 @@ use tokio::sync::{Notify, OwnedRwLockReadGuard, RwLock};
 
 mod access;
 mod ahead;
+mod answers;
 mod events;
 mod pages;
 
 pub(crate) use access::Access;
 pub use access::Pinned;
+use answers::{keep_newest, trace_answer, Unheld};
 use events::{forget, invalidate_kernel};
 pub(crate) use events::{send_released, spawn_events};
 
@@ -211,14 +213,6 @@ struct Table {
     linked: u64,
 }
 
-/// [`Held::forgotten`] and [`Held::refused`] of an inode no longer held, and when they
-/// were left here.
-struct Unheld {
-    forgotten: u64,
-    refused: u64,
-    at: Instant,
-}
-
 impl Table {
     /// Counts one more forget and returns its number, for `Held::forgotten`.
     fn next_forget(&mut self) -> u64 {
@@ -239,28 +233,6 @@ impl Table {
     fn drop_own(&mut self, ino: InodeId) {
         if self.unhold(ino).is_some() {
             self.recalled.insert(ino, (UNTOLD, Instant::now()));
-        }
-    }
-
-    /// Removes the cap on `ino`, keeping what its forgets left ([`Table::unheld`]).
-    fn unhold(&mut self, ino: InodeId) -> Option<Held> {
-        let h = self.held.remove(&ino)?;
-        self.left(ino, &h);
-        Some(h)
-    }
-
-    fn left(&mut self, ino: InodeId, h: &Held) {
-        if h.forgotten > 0 || h.refused > 0 {
-            let (forgotten, refused, at) = (h.forgotten, h.refused, Instant::now());
-            self.unheld.insert(ino, Unheld { forgotten, refused, at });
-        }
-    }
-
-    /// A new cap on `ino`, with what forgets left of it while it was not held.
-    fn fresh(&self, ino: InodeId, held: Held) -> Held {
-        match self.unheld.get(&ino) {
-            Some(u) => Held { forgotten: u.forgotten, refused: u.refused, ..held },
-            None => held,
         }
     }
 
@@ -459,67 +431,6 @@ impl Caps {
         Caps::usable(&mut self.lock(), parent)?.names.get(name).copied()
     }
 
-    /// Where the clock of forgotten attributes stands: read before sending a call
-    /// whose answer carries attributes, and passed with them to [`Caps::update_attr`].
-    pub fn epoch(&self) -> u64 {
-        self.lock().forgets
-    }
-
-    /// Whether this client has seen a newer version of `attr`'s inode than `attr`: one
-    /// cached, or one refused while nothing was cached.
-    pub fn knows_newer(&self, attr: &Attr) -> bool {
-        let t = self.lock();
-        let Some(h) = t.held.get(&attr.ino) else { return false };
-        h.attr.as_ref().map_or(h.refused, |a| a.version.max(h.refused)) > attr.version
-    }
-
-    /// Replaces the cached attributes of `ino` with fresher ones, when a cap is held,
-    /// from the answer to a call sent at `sent` (an [`Caps::epoch`]).
-    pub fn update_attr(&self, attr: Attr, sent: u64) {
-        let mut t = self.lock();
-        let linked = t.linked;
-        if let Some(h) = t.held.get_mut(&attr.ino) {
-            let kept = keep_newest(h, &attr, sent, linked);
-            trace_answer("answer", &attr, sent, h, kept);
-        }
-    }
-
-    /// Forgets what this client's own change made stale: the attributes of `inodes`
-    /// (and the listings of those that are directories) and the names `names`. Answers
-    /// to calls sent before this are not cached after it.
-    pub fn forget(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
-        let mut t = self.lock();
-        let now = t.next_forget();
-        tracing::trace!(?inodes, forget = now, "attributes forgotten");
-        let mut missing = false;
-        for ino in inodes {
-            if let Some(h) = t.held.get_mut(ino) {
-                h.forget_attr(now);
-                h.listing = None;
-                h.pages.clear();
-                missing |= std::mem::take(&mut h.kernel_missing);
-            } else {
-                let refused = t.unheld.get(ino).map_or(0, |u| u.refused);
-                t.unheld.insert(*ino, Unheld { forgotten: now, refused, at: Instant::now() });
-            }
-        }
-        for (parent, name) in names {
-            if let Some(h) = t.held.get_mut(parent) {
-                h.names.remove(*name);
-            }
-        }
-        drop(t);
-        // The kernel may hold absences the listing answered, and the listing may have
-        // been wrong (a change of this client's that meta refused).
-        if missing {
-            if let Some(kernel) = self.kernel() {
-                if !kernel.expire_all_names() {
-                    tracing::warn!("could not expire the kernel's names after dropping a listing");
-                }
-            }
-        }
-    }
-
     /// Records that the kernel holds entry `name` of `parent`, for `ino`, so that a recall
     /// of the directory's cap drops it; `moved` when the kernel moved its cached entry
     /// there in a rename, with whatever TTL it had. False when no cap on `parent` is held.
@@ -532,21 +443,6 @@ impl Caps {
         h.names.insert(name.to_vec(), ino);
         h.kernel_names |= moved;
         true
-    }
-
-    /// Forgets the attributes of every hard-linked inode: a name this client removed may
-    /// have been one of theirs without this client having looked it up. Nor is an
-    /// answer counting more than one link cached if its call was sent before: the inode
-    /// may have had nothing cached now, or no cap at all.
-    pub fn forget_linked(&self) {
-        let mut t = self.lock();
-        let now = t.next_forget();
-        t.linked = now;
-        for h in t.held.values_mut() {
-            if h.attr.as_ref().is_some_and(|a| a.nlink > 1) {
-                h.forget_attr(now);
-            }
-        }
     }
 
     /// What the listing of `parent` says of `name`: `None` without a usable exclusive
@@ -641,12 +537,8 @@ impl Caps {
             return false;
         }
         let listing = grant.entries.iter().map(|e| (e.name.clone(), (e.ino, e.kind))).collect();
-        if !t.held.contains_key(&ino) {
-            let held = t.fresh(ino, Held { since: grant.attr.version, ..empty_held() });
-            t.held.insert(ino, held);
-        }
         let linked = t.linked;
-        let h = t.held.get_mut(&ino).expect("inserted above");
+        let h = t.hold(ino, || Held { since: grant.attr.version, ..empty_held() });
         h.mode = CapMode::Exclusive;
         h.seq = h.seq.max(grant.seq);
         keep_newest(h, &grant.attr, sent, linked);
@@ -853,13 +745,9 @@ impl Caps {
         let mut stored = false;
         let (used, linked, ino) = (t.tick, t.linked, grant.attr.ino);
         if !t.late(ino, grant.seq, grant.sent) {
-            if !t.held.contains_key(&ino) {
-                let since = grant.attr.version;
-                let held = Held { mode: grant.mode, seq: grant.seq, since, ..empty_held() };
-                let held = t.fresh(ino, held);
-                t.held.insert(ino, held);
-            }
-            let h = t.held.get_mut(&ino).expect("inserted above");
+            let since = grant.attr.version;
+            let h =
+                t.hold(ino, || Held { mode: grant.mode, seq: grant.seq, since, ..empty_held() });
             h.mode = h.mode.max(grant.mode);
             h.seq = h.seq.max(grant.seq);
             h.used = used;
@@ -1033,49 +921,6 @@ pub(crate) enum Change {
     Removed { child: InodeId, dir: bool, at: Timestamp, keep: bool },
 }
 
-/// Caches `attr`, the answer to a call sent at epoch `sent`, unless what is cached is a
-/// newer version; or, with nothing cached, unless the attributes were forgotten after
-/// the call was sent or an answer refused so had a newer version. Answers from meta (a
-/// grant, a commit) can arrive in another order than meta gave them, and once
-/// forgotten nothing cached is left to compare a version with (caps.md invariant 15).
-/// What is cached came from a call sent after the last forget, so a newer version than
-/// it is newer than what made the forget too, even in the answer to a call sent before.
-/// An answer counting more than one link is not cached if its call was sent before
-/// `linked` ([`Caps::forget_linked`]).
-/// Returns whether it was cached.
-fn keep_newest(h: &mut Held, attr: &Attr, sent: u64, linked: u64) -> bool {
-    let newer = match &h.attr {
-        _ if attr.nlink > 1 && linked > sent => false,
-        Some(cached) => cached.version <= attr.version,
-        None if h.forgotten > sent => {
-            h.refused = h.refused.max(attr.version);
-            false
-        }
-        None => attr.version >= h.refused,
-    };
-    if newer {
-        h.attr = Some(attr.clone());
-    }
-    newer
-}
-
-/// Traces what [`keep_newest`] made of attributes meta answered (`STOA_LOG` with
-/// `stoa_client=trace`): with the kernel's side (`stoa_fuse=trace`) and each open file's
-/// (`learn`), a stale answer can be followed to the call that brought it.
-fn trace_answer(what: &str, attr: &Attr, sent: u64, h: &Held, kept: bool) {
-    tracing::trace!(
-        ino = attr.ino.0,
-        version = attr.version,
-        size = attr.size,
-        nlink = attr.nlink,
-        sent,
-        forgotten = h.forgotten,
-        refused = h.refused,
-        kept,
-        "{what} attributes"
-    );
-}
-
 /// A grant from the leader.
 struct Grant {
     attr: Attr,
@@ -1115,7 +960,7 @@ mod tests {
 
     const DIR: InodeId = InodeId(1);
 
-    fn attr(ino: InodeId) -> Attr {
+    pub(super) fn attr(ino: InodeId) -> Attr {
         let now = Timestamp::now();
         Attr {
             ino,
@@ -1145,7 +990,7 @@ mod tests {
     }
 
     /// A `Shared` grant of `attr` (of a lookup, when `dir_seq` is not 0).
-    fn shared(attr: Attr, seq: u64, dir_seq: u64, sent: u64) -> Grant {
+    pub(super) fn shared(attr: Attr, seq: u64, dir_seq: u64, sent: u64) -> Grant {
         Grant { attr, mode: CapMode::Shared, seq, dir_seq, dir_version: 0, xattrs: None, sent }
     }
 
@@ -1495,157 +1340,5 @@ mod tests {
         let late = shared(attr(gone), cap_seq(1, 9), 0, caps.epoch());
         assert!(!caps.store(&late, None), "the leader is not told yet");
         drop(held_gate);
-    }
-
-    /// A call that changes a link count makes the client forget the inode's attributes;
-    /// the answer to a call sent before that (a size commit or a grant read at meta
-    /// before the change) must not fill the cache again with the old count, whatever its
-    /// version says. Found in CI (`posix.rs`): a second hard link showed 2 links after
-    /// the first was unlinked.
-    #[test]
-    fn an_answer_to_a_call_sent_before_a_forget_is_not_cached_after_it() {
-        let caps = Caps::new(16);
-        caps.renewed(Instant::now(), Duration::from_secs(10));
-        let file = InodeId(2);
-        let mut linked = attr(file);
-        linked.nlink = 2;
-        let seq = cap_seq(1, 1);
-        let grant = shared(linked.clone(), seq, 0, 0);
-        assert!(caps.store(&grant, None));
-        let before = caps.epoch();
-        caps.forget(&[file], &[]);
-        let mut committed = linked.clone();
-        committed.version = 2;
-        caps.update_attr(committed.clone(), before);
-        assert!(caps.cached_attr(file).is_none(), "a commit sent before the unlink");
-        let seq = cap_seq(1, 2);
-        let late = shared(committed.clone(), seq, 0, before);
-        assert!(caps.store(&late, None));
-        assert!(caps.cached_attr(file).is_none(), "a grant asked for before the unlink");
-        let mut unlinked = committed;
-        unlinked.nlink = 1;
-        unlinked.version = 3;
-        caps.update_attr(unlinked.clone(), caps.epoch());
-        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked.clone()));
-        // Once something is cached again, versions order the answers, whenever their
-        // calls were sent: a size commit sent before a forget and applied after a
-        // grant (sent after it) read the file is newer than that grant.
-        let before = caps.epoch();
-        caps.forget(&[file], &[]);
-        let seq = cap_seq(1, 3);
-        assert!(caps.store(&shared(unlinked.clone(), seq, 0, caps.epoch()), None));
-        let mut grown = unlinked.clone();
-        (grown.size, grown.version) = (7, 4);
-        caps.update_attr(grown.clone(), before);
-        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(grown.clone()));
-        // An older one, sent before or after, is not kept.
-        caps.update_attr(unlinked.clone(), before);
-        caps.update_attr(unlinked.clone(), caps.epoch());
-        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(grown.clone()));
-        // Nor one that comes after a newer answer that was not kept: the commit's
-        // answer came first, while nothing was cached, and the grant read before it
-        // applied comes second.
-        let before = caps.epoch();
-        caps.forget(&[file], &[]);
-        let mut longer = grown.clone();
-        (longer.size, longer.version) = (9, 6);
-        caps.update_attr(longer.clone(), before);
-        assert!(caps.cached_attr(file).is_none(), "a commit sent before the forget");
-        let mut read_before = grown;
-        read_before.version = 5;
-        assert!(caps.store(&shared(read_before, cap_seq(1, 4), 0, caps.epoch()), None));
-        assert!(caps.cached_attr(file).is_none(), "a grant older than an answer seen");
-        caps.update_attr(longer.clone(), caps.epoch());
-        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(longer));
-    }
-
-    /// A forget holds for an inode with no cap too, and outlasts a cap that goes: a
-    /// grant asked for before it, arriving after, gives a cap but its attributes are not
-    /// cached. The same after every cap lapsed, and after a recall.
-    #[test]
-    fn a_forget_holds_for_a_grant_asked_before_it_while_the_inode_had_no_cap() {
-        let caps = Caps::new(16);
-        caps.renewed(Instant::now(), Duration::from_secs(10));
-        let file = InodeId(2);
-        let mut linked = attr(file);
-        linked.nlink = 2;
-        let before = caps.epoch();
-        caps.forget(&[file], &[]);
-        assert!(caps.store(&shared(linked.clone(), cap_seq(1, 1), 0, before), None));
-        assert!(caps.holds(file, CapMode::Shared));
-        assert!(caps.cached_attr(file).is_none(), "asked for before the forget");
-        let mut unlinked = linked.clone();
-        (unlinked.nlink, unlinked.version) = (1, 2);
-        assert!(caps.store(&shared(unlinked.clone(), cap_seq(1, 2), 0, caps.epoch()), None));
-        assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked.clone()));
-        // Forgotten under a cap that then lapses, or is recalled.
-        for lose in [
-            |c: &Caps| drop(c.drop_all()),
-            |c: &Caps| drop(c.begin_recall(CapRef { ino: InodeId(2), seq: cap_seq(1, 9) })),
-        ] {
-            let before = caps.epoch();
-            caps.forget(&[file], &[]);
-            lose(&caps);
-            caps.renewed(Instant::now(), Duration::from_secs(10));
-            assert!(caps.store(&shared(linked.clone(), cap_seq(2, 1), 0, before), None));
-            assert!(caps.cached_attr(file).is_none(), "asked for before the forget");
-            assert!(caps.store(&shared(unlinked.clone(), cap_seq(2, 2), 0, caps.epoch()), None));
-            assert_eq!(caps.cached_attr(file).map(|(a, _)| a), Some(unlinked.clone()));
-        }
-    }
-
-    /// After this client removed a name without knowing its inode, no answer counting
-    /// more than one link to a call sent before is cached, whether the inode had its
-    /// attributes cached, had them forgotten, or had no cap: the name removed may have
-    /// been one of its links. One link is not in doubt.
-    #[test]
-    fn a_removal_by_an_unknown_name_keeps_out_link_counts_asked_for_before_it() {
-        let caps = Caps::new(16);
-        caps.renewed(Instant::now(), Duration::from_secs(10));
-        let (cached, forgotten, unheld, single) = (InodeId(2), InodeId(3), InodeId(4), InodeId(5));
-        let linked = |ino| Attr { nlink: 2, ..attr(ino) };
-        for ino in [cached, forgotten] {
-            assert!(caps.store(&shared(linked(ino), cap_seq(1, ino.0), 0, 0), None));
-        }
-        caps.forget(&[forgotten], &[]);
-        let before = caps.epoch();
-        caps.forget_linked();
-        for ino in [cached, forgotten] {
-            caps.update_attr(Attr { version: 2, ..linked(ino) }, before);
-            assert!(caps.cached_attr(ino).is_none(), "inode {ino}");
-        }
-        assert!(caps.store(&shared(linked(unheld), cap_seq(1, 6), 0, before), None));
-        assert!(caps.cached_attr(unheld).is_none());
-        assert!(caps.store(&shared(attr(single), cap_seq(1, 7), 0, before), None));
-        assert!(caps.cached_attr(single).is_some(), "one link");
-        let after = caps.epoch();
-        for ino in [cached, forgotten, unheld] {
-            caps.update_attr(Attr { version: 3, ..linked(ino) }, after);
-        }
-        for ino in [cached, forgotten, unheld] {
-            assert!(caps.cached_attr(ino).is_some(), "inode {ino}: asked for after");
-        }
-    }
-
-    /// A newer version is known when one is cached, or was refused while nothing was
-    /// cached; an answer older than either is not handed to the kernel as it is
-    /// (`Client::newest`).
-    #[test]
-    fn a_newer_version_is_known_cached_or_refused() {
-        let caps = Caps::new(16);
-        caps.renewed(Instant::now(), Duration::from_secs(10));
-        let file = InodeId(2);
-        let at = |version| Attr { version, ..attr(file) };
-        assert!(!caps.knows_newer(&at(1)), "not held");
-        assert!(caps.store(&shared(at(3), cap_seq(1, 1), 0, caps.epoch()), None));
-        assert!(caps.knows_newer(&at(2)));
-        assert!(!caps.knows_newer(&at(3)));
-        let before = caps.epoch();
-        caps.forget(&[file], &[]);
-        assert!(!caps.knows_newer(&at(2)), "forgotten");
-        caps.update_attr(at(5), before);
-        assert!(caps.cached_attr(file).is_none());
-        assert!(caps.knows_newer(&at(4)), "refused");
-        assert!(!caps.knows_newer(&at(5)));
     }
 }
