@@ -5,6 +5,7 @@ use crate::chains::ChainCache;
 use crate::chunk_io::ChunkIo;
 use crate::dirops::{DirOps, NewInode};
 use crate::file::{Durability, ErrorCursor, FileState, Files, MetaOpen};
+use crate::file_pages::{Cached, PagePool};
 use crate::locks::KeptLocks;
 use crate::namespace::Owner;
 use crate::readahead::Readahead;
@@ -30,10 +31,16 @@ pub struct ClientConfig {
     /// The most caps the client keeps; beyond it, it gives the least recently used ones
     /// back (see `caps.rs`, "Bounded"), so meta's table stays bounded too.
     pub caps_max: usize,
+    /// Bytes of file data the client keeps for handles that read and write through it
+    /// (`file_pages.rs`), over all files.
+    pub data_cache_bytes: usize,
 }
 
 /// The default of [`ClientConfig::caps_max`], like CephFS's client cache size.
 pub const CAPS_MAX_DEFAULT: usize = 16_384;
+
+/// The default of [`ClientConfig::data_cache_bytes`], about CephFS's client object cache.
+pub const DATA_CACHE_DEFAULT: usize = 256 << 20;
 
 /// The most zeros [`Client::fallocate`] writes at once, as large as the kernel's writes.
 const ZERO_PIECE: u64 = 1 << 20;
@@ -103,6 +110,21 @@ struct OpenHandle {
     /// Whether the kernel keeps what reads of this handle return in its page cache
     /// (see [`Client::page_cached`]).
     page_cached: AtomicBool,
+    /// Whether the handle reads through the file's pages kept by the client (see
+    /// [`Client::read_through_pages`]).
+    through_pages: AtomicBool,
+}
+
+impl OpenHandle {
+    /// How an operation of this handle under `access` meets the file's pages.
+    fn cached(&self, access: &Access) -> Cached {
+        match access {
+            Access::Capped { cap, .. } => {
+                Cached::Under { cap: *cap, keep: self.through_pages.load(Ordering::Acquire) }
+            }
+            Access::Uncapped { .. } => Cached::No,
+        }
+    }
 }
 
 impl Client {
@@ -126,7 +148,7 @@ impl Client {
             write_failed_at: Mutex::new(None),
             pending_changed: Notify::new(),
             prefetch_bytes: Arc::new(AtomicUsize::new(0)),
-            files: Files::new(grant.chunk_size_bytes),
+            files: Files::new(grant.chunk_size_bytes, PagePool::new(cfg.data_cache_bytes)),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             locked: Mutex::new(HashMap::new()),
@@ -210,8 +232,8 @@ impl Client {
         let fh = self.sh.next_handle.fetch_add(1, Ordering::Relaxed);
         let errors = file.error_cursor();
         let readahead = Mutex::new(Readahead::default());
-        let page_cached = AtomicBool::new(false);
-        let handle = OpenHandle { file, readahead, session, errors, page_cached };
+        let (page_cached, through_pages) = (AtomicBool::new(false), AtomicBool::new(false));
+        let handle = OpenHandle { file, readahead, session, errors, page_cached, through_pages };
         self.sh.handles.lock().expect("handles lock poisoned").insert(fh, Arc::new(handle));
         FileHandle(fh)
     }
@@ -336,6 +358,15 @@ impl Client {
         }
     }
 
+    /// Notes that reads of `fh` are answered from file pages this client keeps (a
+    /// handle that reads and writes, which the kernel caches nothing for), and that its
+    /// writes keep the whole pages they write there. See `file_pages.rs`.
+    pub fn read_through_pages(&self, fh: FileHandle) {
+        if let Ok(handle) = self.sh.handle(fh) {
+            handle.through_pages.store(true, Ordering::Release);
+        }
+    }
+
     /// Whether the kernel may have cached pages of the file behind `fh` since the last
     /// call; the caller drops them from the kernel next.
     pub fn take_kernel_pages(&self, fh: FileHandle) -> bool {
@@ -356,11 +387,11 @@ impl Client {
             self.sh.chunk_size,
         );
         // Nothing is fetched ahead without a cap: it could not be dropped on a change.
-        let (ahead, capped) = match access {
-            Access::Capped { .. } => (ahead, true),
-            Access::Uncapped { .. } => (0..0, false),
+        let ahead = match access {
+            Access::Capped { .. } => ahead,
+            Access::Uncapped { .. } => 0..0,
         };
-        handle.file.read(&self.sh, offset, len, ahead, capped).await
+        handle.file.read(&self.sh, offset, len, ahead, handle.cached(&access)).await
     }
 
     /// Writes `data` at `offset`. Under an exclusive cap it is buffered and sent in the
@@ -371,7 +402,7 @@ impl Client {
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
         let access = self.access(handle.file.ino, CapMode::Exclusive).await?;
         self.check_session(&handle)?;
-        handle.file.write(&self.sh, offset, data, &handle.errors).await?;
+        handle.file.write(&self.sh, offset, data, &handle.errors, handle.cached(&access)).await?;
         if let Access::Uncapped { .. } = access {
             // The recall stops counting this write once it is buffered: it neither
             // waits for its chunk write nor for its commit (`FileState::flush_recalled`),
@@ -394,7 +425,7 @@ impl Client {
         let offset = self.size_under_cap(&handle).await?;
         offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
         self.check_session(&handle)?;
-        handle.file.write(&self.sh, offset, data, &handle.errors).await?;
+        handle.file.write(&self.sh, offset, data, &handle.errors, handle.cached(&access)).await?;
         if let Access::Uncapped { .. } = access {
             handle.file.flush(&self.sh, &handle.errors).await?;
         }
@@ -426,7 +457,7 @@ impl Client {
         // Past the end, the file grows below, and reads zeros there.
         let zeroed = end.min(size);
         if zero && offset < zeroed {
-            self.zero(&handle, offset, zeroed).await?;
+            self.zero(&handle, offset, zeroed, handle.cached(&access)).await?;
         }
         if end > size && !keep_size {
             let sent = self.sh.caps.epoch();
@@ -444,7 +475,13 @@ impl Client {
     /// punched out (those that hold data are cut to nothing and take no space), and the
     /// parts of chunks at its ends are written with zeros. Writing zeros over all of it
     /// took as long as the range was large: 1 PiB of a sparse file, for ever.
-    async fn zero(&self, handle: &OpenHandle, start: u64, end: u64) -> Result<(), FsError> {
+    async fn zero(
+        &self,
+        handle: &OpenHandle,
+        start: u64,
+        end: u64,
+        cached: Cached,
+    ) -> Result<(), FsError> {
         let cs = u64::from(self.sh.chunk_size);
         let whole = start.div_ceil(cs)..end / cs;
         let mut written = [start..end, end..end];
@@ -459,7 +496,7 @@ impl Client {
             let mut at = piece.start;
             while at < piece.end {
                 let n = ZERO_PIECE.min(piece.end - at) as usize;
-                handle.file.write(&self.sh, at, &zeros[..n], &handle.errors).await?;
+                handle.file.write(&self.sh, at, &zeros[..n], &handle.errors, cached).await?;
                 at += n as u64;
             }
         }

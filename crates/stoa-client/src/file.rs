@@ -26,6 +26,7 @@
 use crate::caps::Caps;
 use crate::client::Shared;
 use crate::dirops;
+use crate::file_pages::{Cached, PagePool, Pages};
 use crate::read::Prefetch;
 use crate::split::{chunk_span, split};
 use crate::write_buffer::{clip, Batch, Extent, WriteBuffer};
@@ -58,6 +59,7 @@ const DIRTY_BYTES_MAX: usize = 16 << 20;
 pub(crate) struct Files {
     map: Mutex<HashMap<InodeId, Arc<FileState>>>,
     chunk_size: u32,
+    pages: PagePool,
 }
 
 /// A state claimed by an operation that uses it outside a handle (an open until its
@@ -75,8 +77,8 @@ impl Drop for Claim<'_> {
 }
 
 impl Files {
-    pub fn new(chunk_size: u32) -> Files {
-        Files { map: Mutex::new(HashMap::new()), chunk_size }
+    pub fn new(chunk_size: u32, pages: PagePool) -> Files {
+        Files { map: Mutex::new(HashMap::new()), chunk_size, pages }
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<InodeId, Arc<FileState>>> {
@@ -94,7 +96,9 @@ impl Files {
     /// in 44,000 rounds).
     pub fn claim(&self, ino: InodeId) -> Claim<'_> {
         let mut map = self.map();
-        let file = map.entry(ino).or_insert_with(|| Arc::new(FileState::new(ino, self.chunk_size)));
+        let file = map
+            .entry(ino)
+            .or_insert_with(|| Arc::new(FileState::new(ino, self.chunk_size, self.pages.clone())));
         file.lock().claims += 1;
         Claim { files: self, file: file.clone() }
     }
@@ -220,6 +224,8 @@ pub(crate) struct FileInner {
     meta_version: u64,
     newest_size: u64,
     pub prefetched: BTreeMap<u64, Arc<Prefetch>>,
+    /// What the handles that read through the mount keep of the file (`file_pages.rs`).
+    pub pages: Pages,
     pub opens: u32,
     /// Operations holding this state outside a handle ([`Files::claim`]).
     claims: u32,
@@ -301,15 +307,18 @@ impl FileInner {
         attr
     }
 
-    /// Drops what this client cached of the file under a cap (readahead, the size meta
-    /// reported): the cap is gone.
+    /// Drops what this client cached of the file under a cap (readahead, its pages, the
+    /// size meta reported): the cap is gone.
     pub fn drop_cap_cache(&mut self) {
         self.prefetched.clear();
+        self.pages.clear();
         self.meta_size = None;
     }
 
-    /// Records a write-behind (or commit) failure for every handle to see.
+    /// Records a write-behind (or commit) failure for every handle to see. The pages
+    /// go: they may hold bytes that never reached the chunk servers.
     pub(crate) fn fail(&mut self, e: FsError) {
+        self.pages.clear();
         self.error = Some(e);
         self.error_seq += 1;
     }
@@ -454,7 +463,7 @@ impl FileInner {
 }
 
 impl FileState {
-    pub fn new(ino: InodeId, chunk_size: u32) -> FileState {
+    pub fn new(ino: InodeId, chunk_size: u32, pages: PagePool) -> FileState {
         FileState {
             ino,
             inner: Mutex::new(FileInner {
@@ -483,6 +492,7 @@ impl FileState {
                 newest_size: 0,
                 meta_version: 0,
                 prefetched: BTreeMap::new(),
+                pages: Pages::new(pages),
                 opens: 0,
                 claims: 0,
                 dirty_generation: None,
@@ -512,14 +522,15 @@ impl FileState {
         ErrorCursor(AtomicU64::new(self.lock().error_seq))
     }
 
-    /// Buffers `data` at `offset`; full chunks go out in the background. Fails while
-    /// a write-behind error is unreported to `seen`.
+    /// Buffers `data` at `offset`, and in the file's pages as `cached` says; full chunks
+    /// go out in the background. Fails while a write-behind error is unreported to `seen`.
     pub async fn write(
         self: &Arc<Self>,
         sh: &Arc<Shared>,
         offset: u64,
         data: &[u8],
         seen: &ErrorCursor,
+        cached: Cached,
     ) -> Result<(), FsError> {
         self.wait_for_room(sh).await;
         let _io = self.io_lock.read().await;
@@ -532,6 +543,7 @@ impl FileState {
             for k in stale {
                 inner.prefetched.remove(&k);
             }
+            inner.pages.write(cached, offset, data);
             inner.uncommitted_end = inner.uncommitted_end.max(end);
             inner.dirty_generation.get_or_insert_with(|| sh.caps.generation());
             let ready = inner.buffer.write(offset, data);
@@ -987,6 +999,9 @@ impl FileState {
         plan: impl FnOnce(Option<u64>) -> (Option<(u64, u32)>, std::ops::Range<u64>),
     ) -> Result<Attr, FsError> {
         let _io = self.io_lock.write().await;
+        // No read runs until this is done, and a cut that fails half-way leaves chunks
+        // cut that a kept page would still show.
+        self.lock().pages.clear();
         self.flush_unowned(sh).await?;
         let (partial, whole) = plan(self.lock().size());
         let generation = sh.caps.generation();
@@ -1082,7 +1097,7 @@ mod tests {
     /// it, so that the handle writes where every other operation on the file looks.
     #[test]
     fn a_claimed_state_stays_the_inodes_until_the_claim_ends() {
-        let (files, ino) = (Files::new(1 << 20), InodeId(7));
+        let (files, ino) = (Files::new(1 << 20, PagePool::new(0)), InodeId(7));
         let claim = files.claim(ino);
         files.forget_if_unused(ino);
         let found = files.get(ino).expect("a claimed state is kept");
@@ -1122,7 +1137,7 @@ mod tests {
     /// not shrink the size the next append goes to (it overwrote the committed line).
     #[test]
     fn a_size_older_than_the_last_commit_is_not_taken() {
-        let file = FileState::new(InodeId(7), 1 << 20);
+        let file = FileState::new(InodeId(7), 1 << 20, PagePool::new(0));
         let mut inner = file.lock();
         inner.learn(&attr(23, 4));
         inner.learn(&attr(46, 5));
@@ -1144,7 +1159,7 @@ mod tests {
     /// not learnt, and the commit's answer, of the same version, is.
     #[test]
     fn the_cache_is_not_learnt_from_while_a_commit_is_on_its_way() {
-        let file = FileState::new(InodeId(7), 1 << 20);
+        let file = FileState::new(InodeId(7), 1 << 20, PagePool::new(0));
         let mut inner = file.lock();
         inner.learn(&attr(0, 1));
         inner.committing = true;

@@ -27,6 +27,7 @@ mod chunk_io;
 mod client;
 mod dirops;
 mod file;
+mod file_pages;
 mod locks;
 mod namespace;
 mod read;
@@ -36,7 +37,7 @@ mod split;
 mod write_buffer;
 
 pub use caps::{KernelCache, Pinned};
-pub use client::{Client, ClientConfig, FileHandle, CAPS_MAX_DEFAULT};
+pub use client::{Client, ClientConfig, FileHandle, CAPS_MAX_DEFAULT, DATA_CACHE_DEFAULT};
 pub use locks::LockRequest;
 pub use namespace::Owner;
 pub use stoa_proto::{FileLock, LockKind};

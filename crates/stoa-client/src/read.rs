@@ -7,6 +7,8 @@
 //!     -> per chunk piece: a fresh prefetched chunk that covers it, or a chunk read from
 //!        any replica -> missing tail bytes are zeros (a hole)
 //!     -> lay the noted bytes over it
+//!  a handle reading through the mount's pages (file_pages.rs), under a cap: every page here
+//!     -> answered from them; else the same, widened to whole pages, and they are kept
 //! ```
 //!
 //! The dirty bytes are noted before the chunk servers are asked, so a write that lands
@@ -19,6 +21,7 @@
 
 use crate::client::Shared;
 use crate::file::FileState;
+use crate::file_pages::{Cached, PAGE};
 use crate::split::{chunk_span, split, Piece};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -78,22 +81,48 @@ impl Drop for Budget {
 
 impl FileState {
     /// Reads up to `len` bytes at `offset`, never past the end of the file, and starts
-    /// fetching chunks `ahead` in the background. Under a cap (`capped`) the size this
-    /// client knows is the file's; without one, a read past it asks meta.
+    /// fetching chunks `ahead` in the background. Under a cap the size this client
+    /// knows is the file's; without one, a read past it asks meta. A handle that reads
+    /// through the file's pages (`cached`) is answered from them when they hold it all.
     pub async fn read(
         self: &Arc<Self>,
         sh: &Arc<Shared>,
         offset: u64,
         len: u32,
         ahead: std::ops::Range<u64>,
-        capped: bool,
+        cached: Cached,
     ) -> Result<Bytes, FsError> {
         let _io = self.io_lock.read().await;
+        let capped = matches!(cached, Cached::Under { .. });
         let size = self.size_for_read(sh, offset + u64::from(len), capped).await?;
         if offset >= size {
             return Ok(Bytes::new());
         }
         let end = (offset + u64::from(len)).min(size);
+        let Cached::Under { cap, keep: true } = cached else {
+            return self.read_range(sh, offset, end, ahead, size).await;
+        };
+        if let Some(hit) = self.lock().pages.get(cap, offset, (end - offset) as usize) {
+            return Ok(hit.into());
+        }
+        // Whole pages, as far as the file goes, kept if nothing changed meanwhile.
+        let (start, wide_end) = (offset / PAGE * PAGE, end.next_multiple_of(PAGE).min(size));
+        let epoch = self.lock().pages.epoch();
+        let data = self.read_range(sh, start, wide_end, ahead, size).await?;
+        self.lock().pages.fill(epoch, cap, start, &data, wide_end == size);
+        Ok(data.slice((offset - start) as usize..(end - start) as usize))
+    }
+
+    /// The bytes `[offset, end)` of the file, within its `size`: the chunk servers'
+    /// with this client's own not yet written there laid over them.
+    async fn read_range(
+        self: &Arc<Self>,
+        sh: &Arc<Shared>,
+        offset: u64,
+        end: u64,
+        ahead: std::ops::Range<u64>,
+        size: u64,
+    ) -> Result<Bytes, FsError> {
         let dirty = {
             let inner = self.lock();
             let dirty = inner.is_dirty(chunk_span(offset, end, sh.chunk_size));

@@ -18,6 +18,7 @@ async fn setup() -> (FakeCluster, Client) {
         meta: vec![cluster.addr],
         name: "test".into(),
         caps_max: stoa_client::CAPS_MAX_DEFAULT,
+        data_cache_bytes: stoa_client::DATA_CACHE_DEFAULT,
     };
     let client = Client::connect(cfg).await.unwrap();
     (cluster, client)

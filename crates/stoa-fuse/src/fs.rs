@@ -239,6 +239,11 @@ fn open_flags(
 ) -> FopenFlags {
     let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
     if flags & libc::O_APPEND != 0 || (writes && direct_writes) {
+        // The kernel keeps nothing of such a handle's reads; the client keeps the pages
+        // of one that reads too, unless the application asked for no caching.
+        if flags & libc::O_ACCMODE != libc::O_WRONLY && flags & libc::O_DIRECT == 0 {
+            c.read_through_pages(handle);
+        }
         return FopenFlags::FOPEN_DIRECT_IO;
     }
     if direct_writes {

@@ -48,6 +48,8 @@ pub struct MountConfig {
     pub name: String,
     /// The most caps the client keeps ([`stoa_client::ClientConfig::caps_max`]).
     pub caps_max: usize,
+    /// Bytes of file data the client keeps ([`stoa_client::ClientConfig::data_cache_bytes`]).
+    pub data_cache_bytes: usize,
 }
 
 /// How long shutdown waits for the kernel to end the session after the unmount.
@@ -66,7 +68,12 @@ pub async fn mount(
     let path = tokio::task::spawn_blocking(move || mountpoint::prepare(&requested))
         .await
         .expect("mount point check panicked")?;
-    let client_cfg = ClientConfig { meta: cfg.meta, name: cfg.name, caps_max: cfg.caps_max };
+    let client_cfg = ClientConfig {
+        meta: cfg.meta,
+        name: cfg.name,
+        caps_max: cfg.caps_max,
+        data_cache_bytes: cfg.data_cache_bytes,
+    };
     let client = Client::connect(client_cfg).await.map_err(FuseError::Connect)?;
     let (kernel, ids) = (fs::Kernel::default(), Arc::new(ids::KernelIds::default()));
     let rt = tokio::runtime::Handle::current();

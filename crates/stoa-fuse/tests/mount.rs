@@ -81,6 +81,7 @@ async fn a_mounted_cluster_serves_files_and_unmounts_on_shutdown() {
         mountpoint: mnt.clone(),
         name: "t".into(),
         caps_max: stoa_client::CAPS_MAX_DEFAULT,
+        data_cache_bytes: stoa_client::DATA_CACHE_DEFAULT,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(mount(cfg.clone(), async move {
@@ -188,6 +189,7 @@ async fn a_missing_mount_point_is_a_clear_error() {
         mountpoint: PathBuf::from("/nonexistent/stoa-mnt"),
         name: "t".into(),
         caps_max: stoa_client::CAPS_MAX_DEFAULT,
+        data_cache_bytes: stoa_client::DATA_CACHE_DEFAULT,
     };
     let err = mount(cfg, std::future::pending()).await.unwrap_err();
     assert!(err.to_string().contains("/nonexistent/stoa-mnt"), "{err}");

@@ -757,6 +757,41 @@ fn an_open_held_up_past_the_strays_grace_finds_the_file_or_reports_it_gone() {
     }
 }
 
+/// A handle that reads and writes is answered from the file's pages its mount keeps
+/// (the kernel keeps none for it, caps.md invariant 37). Each mount reads through its
+/// own handle, so that its pages hold the range, right before and after the other
+/// mount changes it: every read shows the change, and so does one after a truncate
+/// and a regrowth on the other mount.
+#[test]
+fn pages_kept_for_read_write_handles_show_every_change_of_the_other_mount() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let open = |p: &Path| {
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).write(true).create(true).open(p).unwrap()
+    };
+    let (a, b) = (open(&dev.mnt.join("f")), open(&other.path.join("f")));
+    a.write_all_at(&vec![b'.'; 256 << 10], 0).unwrap();
+    let mut buf = vec![0u8; 8192];
+    for i in 0..30u64 {
+        let at = (i * 7919) % (200 << 10);
+        for (reader, writer, skip, len) in [(&a, &b, 100, 5000), (&b, &a, 1, 3000)] {
+            let text = vec![b'A' + (i % 26) as u8 + skip as u8 % 2; len];
+            reader.read_exact_at(&mut buf, at).unwrap();
+            writer.write_all_at(&text, at + skip).unwrap();
+            reader.read_exact_at(&mut buf, at).unwrap();
+            let seen = &buf[skip as usize..skip as usize + len];
+            assert!(seen == text, "round {i}: a handle read its mount's old pages");
+        }
+    }
+    a.read_exact_at(&mut buf, 4096).unwrap();
+    b.set_len(5000).unwrap();
+    b.set_len(20_000).unwrap();
+    a.read_exact_at(&mut buf, 4096).unwrap();
+    assert!(buf[904..].iter().all(|&c| c == 0), "bytes cut on the other mount came back");
+    assert!(buf[..904].iter().all(|&c| c != 0));
+}
+
 /// Random writes, appends, truncates, writes through shared mappings, copies and
 /// replacements of four files, each made on one of two mounts picked at random, with
 /// every read and stat on either checked against a model of the bytes (`fsx.py`). Seed 1

@@ -6,8 +6,9 @@ use super::*;
 
 /// How an operation may go ahead on an inode; kept while the operation relies on it.
 pub(crate) enum Access {
-    /// Under a usable cap, which no recall takes while this is held.
-    Capped { _gate: OwnedRwLockReadGuard<()> },
+    /// Under the usable cap `cap` ([`Caps::held_id`]), which no recall takes while this
+    /// is held.
+    Capped { _gate: OwnedRwLockReadGuard<()>, cap: u64 },
     /// The inode is being recalled: go ahead without caching; the recall counts the
     /// operation until this is dropped.
     Uncapped { _counted: UncappedGuard },
@@ -241,8 +242,8 @@ impl Client {
             if self.sh.caps.holds(ino, mode) {
                 let guard = self.sh.caps.gate(ino).read_owned().await;
                 // A recall may have taken the cap while this waited for the gate.
-                if self.sh.caps.holds(ino, mode) {
-                    return Ok(Access::Capped { _gate: guard });
+                if let Some(cap) = self.sh.caps.held_id(ino, mode) {
+                    return Ok(Access::Capped { _gate: guard, cap });
                 }
                 continue;
             }

@@ -29,7 +29,7 @@
 use crate::client::{Client, Shared};
 use crate::session::unexpected;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use stoa_proto::{cap_seq_term, CapMode, CapRef, DirGrant, HeldCap, MetaOp, MetaResponse, Xattrs};
@@ -100,6 +100,9 @@ pub trait KernelCache: Send + Sync {
 struct Held {
     mode: CapMode,
     seq: u64,
+    /// Unique to this cap, from its first grant until it is dropped, over every inode
+    /// and generation: what the file's data pages are kept under (`file_pages.rs`).
+    id: u64,
     /// The inode's version when this client began caching it: what the first grant
     /// since the cap was last dropped answered (0 when not known). A new leader recalls
     /// the cap if the inode changed since (caps.md, invariant 8).
@@ -354,6 +357,13 @@ impl Caps {
         let mut t = self.lock();
         let held = Caps::usable(&mut t, ino).is_some_and(|h| h.mode >= mode);
         held.then_some(t.generation)
+    }
+
+    /// The identity of the usable cap of at least `mode` this client holds on `ino`, if
+    /// it holds one ([`Held::id`]).
+    pub fn held_id(&self, ino: InodeId, mode: CapMode) -> Option<u64> {
+        let mut t = self.lock();
+        Caps::usable(&mut t, ino).filter(|h| h.mode >= mode).map(|h| h.id)
     }
 
     /// The kernel TTL for what this client knows of `ino` (its attributes, and the
@@ -935,9 +945,11 @@ struct Grant {
 }
 
 fn empty_held() -> Held {
+    static IDS: AtomicU64 = AtomicU64::new(1);
     Held {
         mode: CapMode::Shared,
         seq: 0,
+        id: IDS.fetch_add(1, Ordering::Relaxed),
         since: 0,
         attr: None,
         xattrs: None,

@@ -419,6 +419,7 @@ async fn run(args: &Args, nodes: &mut [Node], stop: watch::Receiver<bool>) -> an
         mountpoint: args.mount.clone(),
         name: super::mount::client_name(),
         caps_max: stoa_client::CAPS_MAX_DEFAULT,
+        data_cache_bytes: stoa_client::DATA_CACHE_DEFAULT,
     };
     eprintln!(
         "stoa dev: {} meta replicas and {} chunk servers up; mounting at {} (Ctrl-C to stop)\n  \

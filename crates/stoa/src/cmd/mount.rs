@@ -20,7 +20,11 @@ pub struct Args {
     /// recently used are given back to meta. Default 16384.
     #[arg(long)]
     caps_max: Option<usize>,
-    /// TOML file with the keys `meta` and `caps_max`; flags win over it.
+    /// MiB of file data this mount keeps for handles that read and write (the kernel
+    /// keeps that of read-only ones); 0 keeps none. Default 256.
+    #[arg(long)]
+    cache_mib: Option<usize>,
+    /// TOML file with the keys `meta`, `caps_max` and `cache_mib`; flags win over it.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -30,6 +34,7 @@ pub struct Args {
 struct File {
     meta: Option<String>,
     caps_max: Option<usize>,
+    cache_mib: Option<usize>,
 }
 
 /// Fewer caps than this would have a mount give back what it is using.
@@ -43,7 +48,17 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if caps_max < CAPS_MAX_MIN {
         anyhow::bail!("caps_max is {caps_max}; it must be at least {CAPS_MAX_MIN}");
     }
-    let cfg = MountConfig { meta, mountpoint: args.mountpoint, name: client_name(), caps_max };
+    let data_cache_bytes = match args.cache_mib.or(file.cache_mib) {
+        Some(mib) => mib.checked_mul(1 << 20).context("cache_mib is too large")?,
+        None => stoa_client::DATA_CACHE_DEFAULT,
+    };
+    let cfg = MountConfig {
+        meta,
+        mountpoint: args.mountpoint,
+        name: client_name(),
+        caps_max,
+        data_cache_bytes,
+    };
     let rt = crate::signal::runtime()?;
     let mounted = rt.block_on(async move {
         let shutdown = crate::signal::shutdown()?;
