@@ -111,17 +111,20 @@ struct OpenHandle {
     /// (see [`Client::page_cached`]).
     page_cached: AtomicBool,
     /// Whether the handle reads through the file's pages kept by the client (see
-    /// [`Client::read_through_pages`]).
+    /// [`Client::read_through_pages`]), and whether it has read yet.
     through_pages: AtomicBool,
+    has_read: AtomicBool,
 }
 
 impl OpenHandle {
-    /// How an operation of this handle under `access` meets the file's pages.
+    /// How an operation of this handle under `access` meets the file's pages: they are
+    /// kept for a handle that reads through them once it has read (a handle opened to
+    /// read and write that only writes, as `fio` and `dd` do, keeps none).
     fn cached(&self, access: &Access) -> Cached {
+        let keep =
+            self.through_pages.load(Ordering::Acquire) && self.has_read.load(Ordering::Acquire);
         match access {
-            Access::Capped { cap, .. } => {
-                Cached::Under { cap: *cap, keep: self.through_pages.load(Ordering::Acquire) }
-            }
+            Access::Capped { cap, .. } => Cached::Under { cap: *cap, keep },
             Access::Uncapped { .. } => Cached::No,
         }
     }
@@ -233,7 +236,9 @@ impl Client {
         let errors = file.error_cursor();
         let readahead = Mutex::new(Readahead::default());
         let (page_cached, through_pages) = (AtomicBool::new(false), AtomicBool::new(false));
-        let handle = OpenHandle { file, readahead, session, errors, page_cached, through_pages };
+        let has_read = AtomicBool::new(false);
+        let handle =
+            OpenHandle { file, readahead, session, errors, page_cached, through_pages, has_read };
         self.sh.handles.lock().expect("handles lock poisoned").insert(fh, Arc::new(handle));
         FileHandle(fh)
     }
@@ -360,7 +365,8 @@ impl Client {
 
     /// Notes that reads of `fh` are answered from file pages this client keeps (a
     /// handle that reads and writes, which the kernel caches nothing for), and that its
-    /// writes keep the whole pages they write there. See `file_pages.rs`.
+    /// writes, once it has read, keep the whole pages they write there. See
+    /// `file_pages.rs`.
     pub fn read_through_pages(&self, fh: FileHandle) {
         if let Ok(handle) = self.sh.handle(fh) {
             handle.through_pages.store(true, Ordering::Release);
@@ -380,6 +386,7 @@ impl Client {
         if handle.page_cached.load(Ordering::Acquire) {
             handle.file.note_kernel_pages();
         }
+        handle.has_read.store(true, Ordering::Release);
         let access = self.access(handle.file.ino, CapMode::Shared).await?;
         let ahead = handle.readahead.lock().expect("readahead lock poisoned").observe(
             offset,

@@ -149,6 +149,9 @@ impl Pages {
         };
         self.enter(cap);
         self.epoch += 1;
+        if self.pages.is_empty() && !keep {
+            return;
+        }
         let end = offset + data.len() as u64;
         let mut pos = offset;
         while pos < end {
