@@ -102,12 +102,15 @@ impl FileState {
         let Cached::Under { cap, keep: true } = cached else {
             return self.read_range(sh, offset, end, ahead, size).await;
         };
-        if let Some(hit) = self.lock().pages.get(cap, offset, (end - offset) as usize) {
-            return Ok(hit.into());
-        }
+        let epoch = {
+            let mut inner = self.lock();
+            if let Some(hit) = inner.pages.get(cap, offset, (end - offset) as usize) {
+                return Ok(hit.into());
+            }
+            inner.pages.epoch()
+        };
         // Whole pages, as far as the file goes, kept if nothing changed meanwhile.
         let (start, wide_end) = (offset / PAGE * PAGE, end.next_multiple_of(PAGE).min(size));
-        let epoch = self.lock().pages.epoch();
         let data = self.read_range(sh, start, wide_end, ahead, size).await?;
         self.lock().pages.fill(epoch, cap, start, &data, wide_end == size);
         Ok(data.slice((offset - start) as usize..(end - start) as usize))

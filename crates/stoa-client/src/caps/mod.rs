@@ -299,7 +299,7 @@ impl Caps {
         }
     }
 
-    /// The usable cap on `ino` of at least `mode`, marked used now.
+    /// The usable cap on `ino`, marked used now.
     fn usable(t: &mut Table, ino: InodeId) -> Option<&mut Held> {
         Caps::remaining(t)?;
         let tick = t.tick;
@@ -341,6 +341,11 @@ impl Caps {
         let _ = self.kernel.set(kernel);
     }
 
+    /// The usable cap on `ino` of at least `mode`, marked used now.
+    fn usable_as(t: &mut Table, ino: InodeId, mode: CapMode) -> Option<&mut Held> {
+        Caps::usable(t, ino).filter(|h| h.mode >= mode)
+    }
+
     /// What is left of the caps' validity, if any.
     fn remaining(t: &Table) -> Option<Duration> {
         t.valid_until.and_then(|until| until.checked_duration_since(Instant::now()))
@@ -355,15 +360,14 @@ impl Caps {
     /// `ino`: for a change queued under that cap.
     pub fn held_in(&self, ino: InodeId, mode: CapMode) -> Option<u64> {
         let mut t = self.lock();
-        let held = Caps::usable(&mut t, ino).is_some_and(|h| h.mode >= mode);
+        let held = Caps::usable_as(&mut t, ino, mode).is_some();
         held.then_some(t.generation)
     }
 
     /// The identity of the usable cap of at least `mode` this client holds on `ino`, if
     /// it holds one ([`Held::id`]).
     pub fn held_id(&self, ino: InodeId, mode: CapMode) -> Option<u64> {
-        let mut t = self.lock();
-        Caps::usable(&mut t, ino).filter(|h| h.mode >= mode).map(|h| h.id)
+        Caps::usable_as(&mut self.lock(), ino, mode).map(|h| h.id)
     }
 
     /// The kernel TTL for what this client knows of `ino` (its attributes, and the
