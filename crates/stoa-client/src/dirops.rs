@@ -8,6 +8,9 @@
 //!        no --> TakeDir (unless refused lately) --> still no --> one meta call (as before)
 //!        yes --> name free in the listing? --> reserved inode number --> record the
 //!                change (listing, attributes, a cap on the new inode) --> queue --> answer
+//!  link of file F as D/name --> F held exclusively with its attributes? --> D held
+//!        with its listing (taken as for a create)? --> name free? --> record (listing,
+//!        D's and F's attributes) --> queue --> answer; otherwise one meta call
 //!  unlink / rmdir / rename in D --> TakeDir of D (and of the rename's target) unless
 //!        the name is known to go to meta anyway --> the child is held exclusively and
 //!        known whole? no: a file --> TakeFiles of it and the files listed after it
@@ -235,8 +238,8 @@ impl Client {
 
     /// Removes `name` from `parent` here (an rmdir when `dir`) if this client holds
     /// `parent` with its listing and the child exclusively, knowing it whole (a file
-    /// with one link, or a directory with its listing), taking them if meta gives them;
-    /// `None` when it must go to meta.
+    /// with its attributes, or a directory with its listing), taking them if meta gives
+    /// them; `None` when it must go to meta.
     pub(crate) async fn remove_here(
         &self,
         parent: InodeId,
@@ -244,7 +247,7 @@ impl Client {
         dir: bool,
     ) -> Option<Result<(), FsError>> {
         let kind = if dir { FileKind::Dir } else { FileKind::File };
-        if self.may_take(parent, name, kind) {
+        if self.may_take(parent, name, kind, true) {
             self.take_dir(parent, LISTING_LIMIT).await;
         }
         let Some(child) = self.sh.caps.listed(parent, name)? else {
@@ -268,16 +271,22 @@ impl Client {
                 0 => {}
                 _ => return Some(Err(FsError::NotEmpty)),
             },
-            (false, false) if attr.nlink != 1 => return None,
             (false, false) => {}
         }
+        let file = self.sh.files.get(child).filter(|_| !dir);
+        let inner = file.as_ref().map(|f| f.lock());
+        if !dir && attr.nlink > 1 && !counts_links_here(inner.as_deref()) {
+            return None;
+        }
         // A file this client has open or is writing keeps its cap: its handles go on.
-        let keep = !dir && self.sh.files.get(child).is_some();
+        // So does one with other names: it stays, and its link count is known here.
+        let keep = !dir && (attr.nlink > 1 || file.is_some());
         let at = Timestamp::now();
         let change = Change::Removed { child, dir, at, keep };
         let generation = self.sh.caps.record_change(parent, name, change)?;
         let op = BatchOp::Remove { parent, name: name.to_vec(), dir, at };
         let number = queue(&self.sh, op, &[parent, child], Some(generation));
+        drop(inner);
         self.sh.caps.give_back_after(&[child], number);
         send_released(&self.sh);
         Some(Ok(()))
@@ -298,7 +307,7 @@ impl Client {
         if flags & !libc::RENAME_NOREPLACE != 0 {
             return None;
         }
-        if self.may_take(parent, name, FileKind::File) {
+        if self.may_take(parent, name, FileKind::File, false) {
             self.take_dir(parent, LISTING_LIMIT).await;
             self.take_dir(new_parent, LISTING_LIMIT).await;
         }
@@ -352,6 +361,41 @@ impl Client {
         }
         send_released(&self.sh);
         Some(Ok(()))
+    }
+
+    /// Links file `ino` as `new_parent/new_name` here if this client holds the directory
+    /// with its listing (taking it as a create does) and the file exclusively with its
+    /// attributes; `None` when the link must go to meta. Answers with the file's
+    /// attributes, its link count raised.
+    pub(crate) async fn link_here(
+        &self,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: &[u8],
+    ) -> Option<Result<Attr, FsError>> {
+        self.sh.caps.owns(ino)?;
+        self.take_dir(new_parent, LISTING_LIMIT).await;
+        let _pin = self.pin(&[new_parent, ino]).await;
+        if self.sh.caps.listed(new_parent, new_name)?.is_some() {
+            return Some(Err(FsError::Exists));
+        }
+        let kind = self.sh.caps.owns(ino)?.kind;
+        if kind == FileKind::Dir {
+            return Some(Err(FsError::NotPermitted));
+        }
+        let file = self.sh.files.get(ino);
+        let inner = file.as_ref().map(|f| f.lock());
+        if !counts_links_here(inner.as_deref()) {
+            return None;
+        }
+        let at = Timestamp::now();
+        let change = Change::Linked { child: ino, kind, at };
+        let generation = self.sh.caps.record_change(new_parent, new_name, change)?;
+        let op = BatchOp::Link { ino, new_parent, new_name: new_name.to_vec(), at };
+        queue(&self.sh, op, &[new_parent, ino], Some(generation));
+        drop(inner);
+        let attr = self.sh.caps.owns(ino)?;
+        Some(Ok(self.adjust(attr)))
     }
 
     /// Queues telling meta that this client opened file `ino`, if it holds a cap on the
@@ -485,12 +529,14 @@ impl Client {
     /// Whether to take `parent` for a removal or rename of `name`, which must be of
     /// `kind` to be made here: unless this client knows the name leads to something
     /// that goes to meta all the same (a directory moved, a symlink or device, a file
-    /// with other links), whose change there would only drop the listing just taken.
-    fn may_take(&self, parent: InodeId, name: &[u8], kind: FileKind) -> bool {
+    /// renamed with other links), whose change there would only drop the listing just
+    /// taken. A file with other links is removed here too.
+    fn may_take(&self, parent: InodeId, name: &[u8], kind: FileKind, removal: bool) -> bool {
         let caps = &self.sh.caps;
         let known = caps.cached_name(parent, name).and_then(|ino| caps.cached_attr(ino));
-        known
-            .is_none_or(|(attr, _)| attr.kind == kind && (kind == FileKind::Dir || attr.nlink == 1))
+        known.is_none_or(|(attr, _)| {
+            attr.kind == kind && (kind == FileKind::Dir || removal || attr.nlink == 1)
+        })
     }
 
     /// Takes the file `name` of `dir` (held with its listing) exclusively, with the
@@ -578,6 +624,17 @@ impl Lane {
             Lane::Commits => (&sh.dirops.commits, &sh.dirops.commit_log),
         }
     }
+}
+
+/// Whether a file, with `inner` its state if it has one, held locked until the change
+/// is queued, may have a new link count recorded here. The cache keeps the count this
+/// client records, one version above meta's, until meta applies the queued change; a
+/// size commit of the file queued or on its way now could be applied before it, and its
+/// answer, of that same version, would put back the count from before (as for a mode
+/// change, [`FileInner::attr_change`](crate::file::FileInner::attr_change)). A commit
+/// queued later waits for the change.
+fn counts_links_here(inner: Option<&crate::file::FileInner>) -> bool {
+    inner.is_none_or(|inner| inner.attr_change(false) == AttrChange::Now)
 }
 
 /// Queues namespace change `op`, which names the inodes `named` (a recall of one of them
@@ -740,6 +797,10 @@ fn refused(sh: &Shared, op: &Op, e: &FsError) {
         BatchOp::Rename { parent, new_parent, .. } => {
             lost(*parent);
             lost(*new_parent);
+        }
+        BatchOp::Link { ino, new_parent, .. } => {
+            lost(*new_parent);
+            sh.caps.forget(&[*ino], &[]);
         }
         BatchOp::Open { ino } => {
             if let Some(file) = sh.files.get(*ino) {

@@ -257,6 +257,9 @@ impl Client {
         new_name: &[u8],
     ) -> Result<Attr, FsError> {
         validate_name(new_name)?;
+        if let Some(linked) = self.link_here(ino, new_parent, new_name).await {
+            return linked;
+        }
         let op = MetaOp::Link { ino, new_parent, new_name: new_name.to_vec() };
         let attr = self.sh.session.call_attr(op).await;
         // A size commit meta applied after the link can be answered first: the kernel

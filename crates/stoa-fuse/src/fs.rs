@@ -779,7 +779,8 @@ impl Filesystem for StoaFs {
         let newdir = self.ino(newparent);
         let (newname, ids) = (bytes(newname), self.ids.clone());
         self.spawn(|c| async move {
-            // Never cached: the new name is not recorded under the directory's cap.
+            // Never cached: a link made through meta is not recorded under the
+            // directory's cap (one made here is; a lookup answers it without meta).
             match c.link(inode, newdir, &newname).await {
                 // A file: it has no alias.
                 Ok(attr) => {

@@ -935,6 +935,7 @@ pub(crate) fn parents(op: &MetaOp) -> Vec<InodeId> {
                     vec![*parent]
                 }
                 BatchOp::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
+                BatchOp::Link { new_parent, .. } => vec![*new_parent],
                 BatchOp::Open { .. } | BatchOp::Release { .. } | BatchOp::SetAttr { .. } => {
                     vec![]
                 }
@@ -973,10 +974,11 @@ pub(crate) async fn touched(node: &Node, op: &MetaOp) -> Result<Touched, FsError
                 BatchOp::Create { .. }
                 | BatchOp::Open { .. }
                 | BatchOp::Release { .. }
-                | BatchOp::SetAttr { .. } => vec![],
+                | BatchOp::SetAttr { .. }
+                | BatchOp::Link { .. } => vec![],
             });
             let changed = ops.iter().filter_map(|op| match op {
-                BatchOp::SetAttr { ino, .. } => Some(*ino),
+                BatchOp::SetAttr { ino, .. } | BatchOp::Link { ino, .. } => Some(*ino),
                 _ => None,
             });
             (changed.collect(), named.collect())

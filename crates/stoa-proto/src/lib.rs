@@ -59,7 +59,8 @@ use stoa_types::FsError;
 /// 12: `GetCapsMany`: one call looks up many names of a directory.
 /// 13: `ChunksOf`: which chunks of a file a chain member holds.
 /// 14: `TakeFiles`: exclusive caps on many files of a directory at once.
-pub const PROTOCOL_VERSION: u8 = 14;
+/// 15: `BatchOp::Link`: a hard link made by a client holding the file and the directory.
+pub const PROTOCOL_VERSION: u8 = 15;
 
 /// Every request, by service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

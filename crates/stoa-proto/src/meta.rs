@@ -400,6 +400,10 @@ pub enum BatchOp {
     /// without a size or times: sent in a batch only for an inode the session holds
     /// exclusively, which answered the change itself.
     SetAttr { ino: InodeId, set: SetAttr, at: Timestamp },
+    /// Links file `ino` as `new_parent/new_name`, at `at` (the file's ctime, the
+    /// directory's mtime and ctime), as [`MetaOp::Link`]: sent in a batch only by a
+    /// session holding the file and the directory exclusively.
+    Link { ino: InodeId, new_parent: InodeId, new_name: Vec<u8>, at: Timestamp },
 }
 
 /// Data up to `size` of file `ino` is written, at `at` (when the client's chunk writes

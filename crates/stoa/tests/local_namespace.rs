@@ -202,6 +202,69 @@ fn mode_and_owner_changes_of_a_file_one_mount_holds_are_made_there_and_seen_on_t
     assert_eq!(std::fs::metadata(&file).unwrap().mode() & 0o7777, 0o640);
 }
 
+/// Mail delivery into a Maildir, as every MDA does it: the message written in `tmp/`, linked
+/// into `new/`, its `tmp/` name removed; and a lock file taken by linking a unique file to
+/// the lock's name. A mount holding the directories and the file makes those links and
+/// unlinks itself (no log entry each). The other mount sees every name, link count and
+/// byte as soon as it looks, and a link made once both use the directories goes through
+/// meta and is seen both ways.
+#[test]
+fn hard_links_a_mount_makes_alone_are_made_there_and_seen_on_the_other() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let (a, b) = round_dirs(&dev, &other, 0);
+    for sub in ["tmp", "new"] {
+        std::fs::create_dir(a.join(sub)).unwrap();
+    }
+    let applied = || dev.status()["meta"]["last_applied"].as_u64().expect("applied index");
+    let before = applied();
+    for i in 0..200 {
+        let (tmp, new) = (a.join(format!("tmp/m{i}")), a.join(format!("new/m{i}")));
+        std::fs::write(&tmp, format!("message {i}")).unwrap();
+        std::fs::hard_link(&tmp, &new).unwrap();
+        assert_eq!(std::fs::metadata(&new).unwrap().nlink(), 2, "message {i}");
+        std::fs::remove_file(&tmp).unwrap();
+        assert_eq!(std::fs::metadata(&new).unwrap().nlink(), 1, "message {i}");
+    }
+    let lock = a.join("new/.lock");
+    std::fs::write(a.join("tmp/locker"), b"pid 7").unwrap();
+    std::fs::hard_link(a.join("tmp/locker"), &lock).unwrap();
+    let taken = std::fs::hard_link(a.join("tmp/locker"), &lock).unwrap_err();
+    assert_eq!(taken.raw_os_error(), Some(libc::EEXIST), "a second link to a taken name");
+    let on_dir = std::fs::hard_link(a.join("tmp"), a.join("tmp2")).unwrap_err();
+    assert_eq!(on_dir.raw_os_error(), Some(libc::EPERM), "a link of a directory");
+    let entries = applied() - before;
+    println!("200 deliveries (write, link, unlink) on one mount added {entries} log entries");
+    assert!(entries < 150, "{entries} log entries for 200 deliveries made alone");
+
+    // The other mount looks at once.
+    let mut expect: BTreeSet<String> = (0..200).map(|i| format!("m{i}")).collect();
+    expect.insert(".lock".into());
+    assert_eq!(names(&b.join("new")), expect);
+    assert_eq!(names(&b.join("tmp")), set(&["locker".into()]));
+    for i in [0, 99, 199] {
+        let seen = std::fs::metadata(b.join(format!("new/m{i}"))).unwrap();
+        assert_eq!(seen.nlink(), 1, "B: message {i}");
+        assert_eq!(
+            std::fs::read_to_string(b.join(format!("new/m{i}"))).unwrap(),
+            format!("message {i}")
+        );
+    }
+    let (mine, theirs) =
+        (std::fs::metadata(&lock).unwrap(), std::fs::metadata(b.join("new/.lock")).unwrap());
+    assert_eq!((theirs.ino(), theirs.nlink()), (mine.ino(), 2));
+    assert_eq!(std::fs::metadata(b.join("tmp/locker")).unwrap().ino(), mine.ino());
+    assert_eq!(std::fs::read(b.join("new/.lock")).unwrap(), b"pid 7");
+
+    // Both use the directories now: links go through meta, seen both ways.
+    std::fs::hard_link(b.join("new/m5"), b.join("tmp/again")).unwrap();
+    assert_eq!(std::fs::metadata(a.join("new/m5")).unwrap().nlink(), 2);
+    assert_eq!(std::fs::read_to_string(a.join("tmp/again")).unwrap(), "message 5");
+    std::fs::remove_file(a.join("new/.lock")).unwrap();
+    assert_eq!(std::fs::metadata(b.join("tmp/locker")).unwrap().nlink(), 1);
+    assert!(std::fs::metadata(b.join("new/.lock")).is_err(), "B still sees the lock");
+}
+
 /// `tar`, `cp -a` and `rsync` set the times of each file they write while its writes
 /// are still buffered or on their way: the mount makes the change itself and sends it
 /// once those writes are committed, with no Raft entry of its own (a commit sets the

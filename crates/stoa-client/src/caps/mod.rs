@@ -563,13 +563,18 @@ impl Caps {
 
     /// Records a change this client made itself in directory `parent`, which it holds
     /// with its listing: `name` now leads to `child` (a new inode, held exclusively,
-    /// whose name the kernel is given), or to nothing. Returns the caps generation the
-    /// change was made under, or `None` (nothing recorded) when the cap is no longer
-    /// usable or the listing is gone.
+    /// whose name the kernel is given; or a file linked here), or to nothing. Returns
+    /// the caps generation the change was made under, or `None` (nothing recorded) when
+    /// a cap is no longer usable or the listing is gone.
     pub fn record_change(&self, parent: InodeId, name: &[u8], change: Change) -> Option<u64> {
         let mut t = self.lock();
         Caps::remaining(&t)?;
         let generation = t.generation;
+        if let Change::Linked { child, .. } = &change {
+            // Its link count is known exactly only under its exclusive cap.
+            let owned = t.held.get(child).filter(|h| h.mode == CapMode::Exclusive);
+            owned.and_then(|h| h.attr.as_ref())?;
+        }
         let h = t.held.get_mut(&parent).filter(|h| h.mode == CapMode::Exclusive)?;
         let listing = h.listing.as_mut()?;
         let (at, subdirs) = match &change {
@@ -577,6 +582,11 @@ impl Caps {
                 listing.insert(name.to_vec(), (attr.ino, attr.kind));
                 h.names.insert(name.to_vec(), attr.ino);
                 (attr.ctime, i32::from(attr.kind == FileKind::Dir))
+            }
+            Change::Linked { child, kind, at } => {
+                listing.insert(name.to_vec(), (*child, *kind));
+                h.names.insert(name.to_vec(), *child);
+                (*at, 0)
             }
             Change::Removed { at, dir, .. } => {
                 listing.remove(name);
@@ -603,6 +613,13 @@ impl Caps {
                 let (attr, xattrs) = (Some(attr), Some(Vec::new()));
                 let held = Held { mode, since, attr, xattrs, listing, used, ..empty_held() };
                 t.held.insert(ino, held);
+            }
+            Change::Linked { child, at, .. } => {
+                if let Some(attr) = t.held.get_mut(&child).and_then(|h| h.attr.as_mut()) {
+                    attr.nlink = attr.nlink.saturating_add(1);
+                    attr.ctime = at;
+                    attr.version += 1;
+                }
             }
             Change::Removed { child, at, keep, .. } => match keep {
                 true => {
@@ -933,6 +950,9 @@ pub(crate) enum Change {
     Created(Attr),
     /// `child` lost its name; `keep` keeps its cap (this client still has it open).
     Removed { child: InodeId, dir: bool, at: Timestamp, keep: bool },
+    /// `child`, a file (not a directory) held exclusively with its attributes, got
+    /// this name too.
+    Linked { child: InodeId, kind: FileKind, at: Timestamp },
 }
 
 /// A grant from the leader.

@@ -5,7 +5,8 @@
 //! ```text
 //!  AllocInodes{count} --> NextInode advances by count --> reservation(session) = [first, end)
 //!  Batch{ops} --> each op in its own overlay: Create (ino from the reservation, in
-//!                 increasing order) | Remove (unlink or rmdir) | Rename | Open | Release
+//!                 increasing order) | Remove (unlink or rmdir) | Rename | Link | Open
+//!                 | Release | SetAttr
 //! ```
 //!
 //! An inode number is used once: a create must take a number above every number the
@@ -145,6 +146,9 @@ fn apply_one(
             let from = Place { parent: *parent, name };
             let to = Place { parent: *new_parent, name: new_name };
             super::rename::rename(kv, from, to, 0, *at).map(drop)
+        }
+        BatchOp::Link { ino, new_parent, new_name, at } => {
+            super::link::link(kv, *ino, *new_parent, new_name, *at).map(drop)
         }
         BatchOp::Release { ino } => super::session::release(kv, session, *ino, now).map(drop),
         BatchOp::Open { ino } => super::session::open_file(kv, session, *ino).map(drop),
@@ -323,6 +327,48 @@ mod tests {
         }
         let too_many = vec![BatchOp::Release { ino: first }; BATCH_OPS_MAX + 1];
         assert!(matches!(fs.call(MetaOp::Batch { ops: too_many }), Err(FsError::Invalid(_))));
+    }
+
+    /// A batched link gives a file another name at the client's time, with the link count
+    /// and versions a direct `Link` leaves; the refusals are `Link`'s, each alone.
+    #[test]
+    fn a_batched_link_names_a_file_again_at_the_clients_time() {
+        let mut fs = Fs::new();
+        let first = reserve(&mut fs, 2);
+        let (made, at) = (Timestamp { secs: 100, nanos: 0 }, Timestamp { secs: 300, nanos: 9 });
+        let d = InodeId(first.0 + 1);
+        let mkdir = node(d, Place { parent: ROOT, name: b"new" }, FileKind::Dir, false, made);
+        let link = |ino: InodeId, new_parent: InodeId, name: &str| BatchOp::Link {
+            ino,
+            new_parent,
+            new_name: name.as_bytes().to_vec(),
+            at,
+        };
+        let remove = BatchOp::Remove { parent: ROOT, name: b"m".to_vec(), dir: false, at };
+        let ops = vec![
+            file(first, ROOT, "m", made),
+            mkdir,
+            link(first, d, "m"),
+            link(first, d, "m"),
+            link(d, ROOT, "d2"),
+            link(InodeId(first.0 + 9), d, "x"),
+            remove,
+        ];
+        let results = run(&mut fs, ops);
+        assert_eq!(results[..3], [Ok(()), Ok(()), Ok(())]);
+        assert_eq!(
+            results[3..6],
+            [Err(FsError::Exists), Err(FsError::NotPermitted), Err(FsError::NotFound)]
+        );
+        assert_eq!(results[6], Ok(()));
+        let attr = fs.lookup(d, "m").unwrap();
+        assert_eq!((attr.ino, attr.nlink, attr.ctime), (first, 1, at));
+        // Made (1), linked (2), unlinked (3): one version per change, as the client counts.
+        assert_eq!(attr.version, 3);
+        let dir = fs.getattr(d).unwrap();
+        assert_eq!((dir.mtime, dir.ctime, dir.nlink), (at, at, 2));
+        assert_eq!(fs.names(d), vec!["m"]);
+        assert_eq!(fs.names(ROOT), vec!["new"]);
     }
 
     /// A batched change of mode, owner or times applies at the client's time; one with a
