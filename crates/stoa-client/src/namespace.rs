@@ -54,14 +54,26 @@ impl Client {
     /// exclusively is made here and sent in a batch (a size commit does not touch them,
     /// and never sets the change time back).
     pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr, FsError> {
-        if set.size.is_none() {
+        // A file held exclusively keeps its attributes here; truncated to the size it
+        // has (`O_TRUNC` of an empty file), it has nothing cut, and the change is one
+        // of its times, made here (meta's `SetAttr` leaves the mtime of such a truncate
+        // as `SetAttr::apply` does).
+        let owned = self.sh.caps.owns(ino);
+        let same_size = |attr: &Attr| {
+            attr.kind == FileKind::File && Some(self.adjust(attr.clone()).size) == set.size
+        };
+        if set.size.is_none() || owned.as_ref().is_some_and(same_size) {
+            let set = SetAttr { size: None, ..set.clone() };
             if let Some(attr) = self.setattr_here(ino, &set).await {
                 return Ok(self.adjust(attr));
             }
         }
         let sent = self.sh.caps.epoch();
         let attr = if set.size.is_some() {
-            let old = self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?;
+            let old = match owned {
+                Some(attr) => attr,
+                None => self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?,
+            };
             if old.kind != FileKind::File {
                 return Err(if old.kind == FileKind::Dir {
                     FsError::IsDir

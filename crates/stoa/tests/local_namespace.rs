@@ -265,6 +265,39 @@ fn hard_links_a_mount_makes_alone_are_made_there_and_seen_on_the_other() {
     assert!(std::fs::metadata(b.join("new/.lock")).is_err(), "B still sees the lock");
 }
 
+/// A pid or lock file rewritten with `O_TRUNC` while it is empty, or a file truncated to
+/// the size it has, has nothing cut: a mount holding it alone makes the change there (a
+/// change of its times), with no log entry each. Bytes still buffered stay; a shorter
+/// truncate after them cuts as ever, and the other mount sees the result.
+#[test]
+fn a_truncate_to_the_size_a_file_held_alone_has_is_made_there() {
+    let dev = Dev::start(3, 3);
+    let other = Mount::new(&dev, "mnt2");
+    let (a, b) = round_dirs(&dev, &other, 0);
+    let file = a.join("pid");
+    std::fs::write(&file, b"").unwrap();
+    let made = std::fs::metadata(&file).unwrap();
+    let applied = || dev.status()["meta"]["last_applied"].as_u64().expect("applied index");
+    let before = applied();
+    for _ in 0..200 {
+        drop(OpenOptions::new().write(true).truncate(true).open(&file).unwrap());
+    }
+    let entries = applied() - before;
+    println!("200 opens with O_TRUNC of an empty file held alone added {entries} log entries");
+    assert!(entries < 100, "{entries} log entries for 200 truncates to the size a file has");
+    let mut f = OpenOptions::new().write(true).open(&file).unwrap();
+    f.write_all(b"0123456789").unwrap();
+    f.set_len(10).unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), b"0123456789");
+    f.set_len(4).unwrap();
+    f.set_len(4).unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(b.join("pid")).unwrap(), b"0123");
+    let seen = std::fs::metadata(b.join("pid")).unwrap();
+    assert_eq!(seen.len(), 4);
+    assert!(seen.ctime_nsec() != made.ctime_nsec() || seen.ctime() > made.ctime());
+}
+
 /// `tar`, `cp -a` and `rsync` set the times of each file they write while its writes
 /// are still buffered or on their way: the mount makes the change itself and sends it
 /// once those writes are committed, with no Raft entry of its own (a commit sets the
