@@ -81,10 +81,12 @@ impl Client {
                     FsError::Invalid("truncate of a special file".into())
                 });
             }
-            // Other clients' buffered writes land first, and their cached pages go.
+            // Other clients' buffered writes land first, and their cached pages go. The
+            // size their commits left is in the grant: what was written up to it is cut.
             let _access = self.access(ino, CapMode::Exclusive).await?;
+            let granted = self.sh.caps.owns(ino).map_or(0, |attr| attr.size);
             let claim = self.sh.files.claim(ino);
-            let result = claim.file.truncate(&self.sh, set, old.size).await;
+            let result = claim.file.truncate(&self.sh, set, old.size.max(granted)).await;
             drop(claim);
             result?
         } else {
