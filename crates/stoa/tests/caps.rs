@@ -406,14 +406,22 @@ fn two_shell_loops_append_and_both_tails_see_every_line_in_one_order() {
     }
 }
 
-/// Holds FILE open with a buffered write and an exclusive lock, printing "held", until
-/// killed.
+/// Holds FILE open with a buffered write and an exclusive lock, printing "held"; then,
+/// at a line on its input, writes through the handle it held and syncs, printing "ok"
+/// or the error number, until killed.
 const HOLDER: &str = r#"
 import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDWR)
 fcntl.lockf(fd, fcntl.LOCK_EX)
 os.pwrite(fd, b"held", 0)
 print("held", flush=True)
+sys.stdin.readline()
+try:
+    os.pwrite(fd, b"stale", 0)
+    os.fsync(fd)
+    print("ok", flush=True)
+except OSError as e:
+    print(e.errno, flush=True)
 time.sleep(3600)
 "#;
 
@@ -421,14 +429,24 @@ fn hold(path: &Path) -> Child {
     let mut holder = Command::new("python3")
         .args(["-c", HOLDER])
         .arg(path)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "held");
+    assert_eq!(next_line(&mut holder), "held");
     holder
+}
+
+/// The next line `child` printed, trimmed.
+fn next_line(child: &mut Child) -> String {
+    use std::io::Read;
+    let (mut line, mut byte) = (Vec::new(), [0u8; 1]);
+    let out = child.stdout.as_mut().unwrap();
+    // One byte at a time: a buffered reader would keep what follows the line.
+    while out.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap().trim().to_string()
 }
 
 /// Reads and locks `path` from this mount; returns how long it took.
@@ -469,11 +487,18 @@ fn caps_and_locks_of_a_dead_or_stopped_client_go_with_its_lease() {
     let waited = read_and_lock(&dev.mnt.join("victim"));
     println!("after SIGSTOP: read and locked in {:.1} s", waited.as_secs_f64());
     assert!(waited < Duration::from_secs(40), "waited {waited:?} for a stopped client");
+    // The other mount writes newer bytes; then the stopped one comes back, its lease long
+    // gone: the handle it held fails with EIO and overwrites nothing.
+    std::fs::write(dev.mnt.join("victim"), b"newer").unwrap();
     // SAFETY: as above.
     unsafe { libc::kill(other.pid() as i32, libc::SIGCONT) };
+    holder.stdin.as_mut().unwrap().write_all(b"write\n").unwrap();
+    assert_eq!(next_line(&mut holder), libc::EIO.to_string(), "the stale handle's write");
     let _ = holder.kill();
     let _ = holder.wait();
+    assert_eq!(std::fs::read(other.path.join("victim")).unwrap(), b"newer");
     drop(other);
+    assert_eq!(std::fs::read(dev.mnt.join("victim")).unwrap(), b"newer");
     let mut log = std::fs::OpenOptions::new().append(true).open(dev.mnt.join("victim")).unwrap();
     log.write_all(b" after").unwrap();
 }
