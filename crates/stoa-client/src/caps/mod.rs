@@ -223,6 +223,24 @@ impl Table {
         self.forgets
     }
 
+    /// The attributes of `ino` if it is held exclusively with them: all that changes
+    /// them goes through this client, so they are exact (the caps' validity aside).
+    fn owned(&mut self, ino: InodeId) -> Option<&mut Attr> {
+        let h = self.held.get_mut(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
+        h.attr.as_mut()
+    }
+
+    /// Records that file `child`, held with its attributes, got a name (`up`) or lost
+    /// one at `at`, as meta's link or unlink will count it: one version.
+    fn count_link(&mut self, child: InodeId, up: bool, at: Timestamp) {
+        if let Some(attr) = self.held.get_mut(&child).and_then(|h| h.attr.as_mut()) {
+            attr.nlink =
+                if up { attr.nlink.saturating_add(1) } else { attr.nlink.saturating_sub(1) };
+            attr.ctime = at;
+            attr.version += 1;
+        }
+    }
+
     /// Drops the cap on `ino`, a file whose last name this client removed and which it
     /// does not have open: nothing here can reach it any more (no name, no handle), and
     /// the leader hears of it once the removal is applied ([`Caps::give_back_after`])
@@ -515,10 +533,9 @@ impl Caps {
     /// Whether this client holds the exclusive cap on `ino` with its attributes: it alone
     /// caches the inode, and knows it whole.
     pub fn owns(&self, ino: InodeId) -> Option<Attr> {
-        let t = self.lock();
+        let mut t = self.lock();
         Caps::remaining(&t)?;
-        let h = t.held.get(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
-        h.attr.clone()
+        t.owned(ino).cloned()
     }
 
     /// Records an attribute change (mode, owner, times) this client made itself, at
@@ -528,8 +545,7 @@ impl Caps {
         let mut t = self.lock();
         Caps::remaining(&t)?;
         let generation = t.generation;
-        let h = t.held.get_mut(&ino).filter(|h| h.mode == CapMode::Exclusive)?;
-        let attr = h.attr.as_mut()?;
+        let attr = t.owned(ino)?;
         set.apply(attr, at);
         attr.version += 1;
         Some((attr.clone(), generation))
@@ -572,8 +588,7 @@ impl Caps {
         let generation = t.generation;
         if let Change::Linked { child, .. } = &change {
             // Its link count is known exactly only under its exclusive cap.
-            let owned = t.held.get(child).filter(|h| h.mode == CapMode::Exclusive);
-            owned.and_then(|h| h.attr.as_ref())?;
+            t.owned(*child)?;
         }
         let h = t.held.get_mut(&parent).filter(|h| h.mode == CapMode::Exclusive)?;
         let listing = h.listing.as_mut()?;
@@ -614,21 +629,9 @@ impl Caps {
                 let held = Held { mode, since, attr, xattrs, listing, used, ..empty_held() };
                 t.held.insert(ino, held);
             }
-            Change::Linked { child, at, .. } => {
-                if let Some(attr) = t.held.get_mut(&child).and_then(|h| h.attr.as_mut()) {
-                    attr.nlink = attr.nlink.saturating_add(1);
-                    attr.ctime = at;
-                    attr.version += 1;
-                }
-            }
+            Change::Linked { child, at, .. } => t.count_link(child, true, at),
             Change::Removed { child, at, keep, .. } => match keep {
-                true => {
-                    if let Some(attr) = t.held.get_mut(&child).and_then(|h| h.attr.as_mut()) {
-                        attr.nlink = attr.nlink.saturating_sub(1);
-                        attr.ctime = at;
-                        attr.version += 1;
-                    }
-                }
+                true => t.count_link(child, false, at),
                 false => t.drop_own(child),
             },
         }
