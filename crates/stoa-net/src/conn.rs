@@ -1,6 +1,6 @@
 //! The calling side: one multiplexed connection per peer, and a pool of them.
 
-use crate::wire::{read_frame, Outgoing, Sender};
+use crate::wire::{frame_reader, read_frame, Outgoing, Sender};
 use crate::{NetError, ReplyWithPayload};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -56,7 +56,8 @@ impl Conn {
             })?
             .map_err(|source| NetError::Connect { addr: peer, source })?;
         stream.set_nodelay(true).map_err(|source| NetError::Connect { addr: peer, source })?;
-        let (mut rd, wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        let mut rd = frame_reader(rd);
         let shared = Arc::new(Shared {
             peer,
             waiting: Mutex::new(HashMap::new()),

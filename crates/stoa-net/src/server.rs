@@ -1,6 +1,6 @@
 //! The serving side: accept connections and run a handler per request.
 
-use crate::wire::{read_frame, Outgoing, Sender};
+use crate::wire::{frame_reader, read_frame, Outgoing, Sender};
 use crate::NetError;
 use bytes::Bytes;
 use std::future::Future;
@@ -57,7 +57,8 @@ async fn serve_conn<H: Handler>(
     handler: Arc<H>,
 ) -> Result<(), NetError> {
     let _ = stream.set_nodelay(true);
-    let (mut rd, wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
+    let mut rd = frame_reader(rd);
     let (sender, writer) = Sender::new(wr, peer, IN_FLIGHT_PER_CONN_MAX);
     let (sender, writer) = (Arc::new(sender), tokio::spawn(writer));
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONN_MAX));

@@ -9,7 +9,7 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use stoa_proto::{decode_head, encode_frame, FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
@@ -19,6 +19,17 @@ pub(crate) struct Frame<T> {
     pub id: u64,
     pub head: T,
     pub payload: Bytes,
+}
+
+/// Bytes a connection's reader takes from its socket at once. A frame is a fixed
+/// header, a head and a payload; read straight from the socket, each was a system call
+/// of its own, three for a 4 KiB read's reply, where one buffered read takes a small
+/// frame whole. A payload larger than this goes from the socket to its own buffer.
+const READ_BUFFER_BYTES: usize = 32 * 1024;
+
+/// The reading side of a connection, buffered for [`read_frame`].
+pub(crate) fn frame_reader<R: AsyncRead>(r: R) -> BufReader<R> {
+    BufReader::with_capacity(READ_BUFFER_BYTES, r)
 }
 
 /// Reads one frame; `Ok(None)` on a clean end of stream between frames.

@@ -56,7 +56,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use stoa_proto::ChunkListing;
 use stoa_types::{ChunkId, FsError, InodeId, WriteId, WriteRecord};
 
@@ -295,6 +295,9 @@ impl Engine {
     /// reads as empty). Every block touched is checked against its CRC.
     pub fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Vec<u8>, FsError> {
         let _lock = self.stripe(chunk).read().expect("chunk lock poisoned");
+        if let Some(cached) = self.headers.for_read(chunk) {
+            return self.read_blocks(chunk, &cached.header, cached.file, offset, len, Wait::Disk);
+        }
         let header = match self.load(chunk)? {
             Local::Absent => return Ok(Vec::new()),
             Local::Present(h) => h,
@@ -307,13 +310,14 @@ impl Engine {
 
     /// [`Engine::read`] when nothing of it would wait for the disk, to be called on the
     /// server's reactor: the chunk's lock is free, its header cached, the data file's
-    /// path in the kernel's name cache and the bytes in its page cache. None otherwise,
+    /// path in the kernel's name cache (or its file kept open) and the bytes in its page
+    /// cache. None otherwise,
     /// and on any error (the caller then reads on the blocking pool, which reports it):
     /// this never answers with something the blocking read would not.
     pub fn read_cached(&self, chunk: ChunkId, offset: u32, len: u32) -> Option<Vec<u8>> {
         let _lock = self.stripe(chunk).try_read().ok()?;
-        let header = self.headers.get(chunk)?;
-        self.read_blocks(chunk, &header, offset, len, Wait::Never).ok()
+        let cached = self.headers.for_read(chunk)?;
+        self.read_blocks(chunk, &cached.header, cached.file, offset, len, Wait::Never).ok()
     }
 
     /// Warms the caches for a read of the first `bytes` of `chunk` that may come soon:
@@ -725,7 +729,8 @@ impl Engine {
         })
     }
 
-    /// Reads `[offset, offset + len)` clipped to the chunk, checking every block.
+    /// Reads `[offset, offset + len)` clipped to the chunk, checking every block, from
+    /// the file at the chunk's path opened now.
     fn read_verified(
         &self,
         chunk: ChunkId,
@@ -733,15 +738,17 @@ impl Engine {
         offset: u32,
         len: u32,
     ) -> Result<Vec<u8>, FsError> {
-        self.read_blocks(chunk, header, offset, len, Wait::Disk)
+        self.read_blocks(chunk, header, None, offset, len, Wait::Disk)
     }
 
-    /// [`Engine::read_verified`], either waiting for the disk or failing rather than
-    /// waiting (`WouldBlock`).
+    /// [`Engine::read_verified`] from the chunk's file `kept` open in the header cache,
+    /// or else one opened now (and kept there), either waiting for the disk or failing
+    /// rather than waiting (`WouldBlock`).
     fn read_blocks(
         &self,
         chunk: ChunkId,
         header: &Header,
+        kept: Option<Arc<File>>,
         offset: u32,
         len: u32,
         wait: Wait,
@@ -754,28 +761,38 @@ impl Engine {
         }
         let start = offset / BLOCK * BLOCK;
         let stop = (end.div_ceil(BLOCK) * BLOCK).min(chunk_len);
+        let file = match kept {
+            Some(file) => file,
+            None => {
+                let paths = self.paths(chunk);
+                let file = Arc::new(match wait {
+                    Wait::Disk => open_file(&paths)?,
+                    Wait::Never => open_cached(&paths.file)?,
+                });
+                self.headers.keep_file(chunk, &file);
+                file
+            }
+        };
         let mut buf = Vec::new();
+        let (want, at) = (stop - start, DATA_AT + start as u64);
         match wait {
             Wait::Disk => {
-                let file = open_file(&self.paths(chunk))?;
-                let got = pread_append(
-                    file.as_raw_fd(),
-                    &mut buf,
-                    stop - start,
-                    DATA_AT + start as u64,
-                    0,
-                )
-                .map_err(|e| io_err(format!("read {chunk}"), e))?;
-                if got < stop - start {
+                let got = pread_append(file.as_raw_fd(), &mut buf, want, at, 0)
+                    .map_err(|e| io_err(format!("read {chunk}"), e))?;
+                if got < want {
                     return Err(data_short(chunk));
                 }
             }
-            Wait::Never => read_cached_at(
-                &self.paths(chunk).file,
-                &mut buf,
-                stop - start,
-                DATA_AT + start as u64,
-            )?,
+            Wait::Never => {
+                let would_block =
+                    || FsError::Io(format!("reading {chunk} would wait for the disk"));
+                match pread_append(file.as_raw_fd(), &mut buf, want, at, libc::RWF_NOWAIT) {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Err(would_block()),
+                    Err(e) => return Err(io_err(format!("read {chunk} (cached)"), e)),
+                    Ok(got) if got < want => return Err(would_block()),
+                    Ok(_) => {}
+                }
+            }
         }
         for (i, block) in buf.chunks(BLOCK).enumerate() {
             check_block(chunk, header, start / BLOCK + i, block)?;
@@ -981,13 +998,9 @@ enum Wait {
     Never,
 }
 
-/// Appends `len` bytes from `at` of the file at `path` to `buf`, only from what the kernel
-/// holds in memory: the path resolved from its name cache alone (`RESOLVE_CACHED`), the
-/// bytes from its page cache alone (`RWF_NOWAIT`). Anything else, a short read included,
-/// is an error (`WouldBlock` where the disk would have been needed).
-fn read_cached_at(path: &Path, buf: &mut Vec<u8>, len: usize, at: u64) -> Result<(), FsError> {
-    let would_block = || FsError::Io(format!("reading {} would wait for the disk", path.display()));
-    let os_err = |what: &str, e| io_err(format!("{what} {}", path.display()), e);
+/// Opens the file at `path` to read, resolving the path from the kernel's name cache
+/// alone (`RESOLVE_CACHED`): an error where the disk would have been needed.
+fn open_cached(path: &Path) -> Result<File, FsError> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| FsError::Invalid(format!("{} holds a NUL", path.display())))?;
     // SAFETY: open_how is plain integers, for which zero is valid.
@@ -1005,16 +1018,11 @@ fn read_cached_at(path: &Path, buf: &mut Vec<u8>, len: usize, at: u64) -> Result
         )
     };
     if fd < 0 {
-        return Err(os_err("open (cached)", std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        return Err(io_err(format!("open (cached) {}", path.display()), e));
     }
     // SAFETY: openat2 just returned this descriptor, and nothing else owns it.
-    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int) };
-    match pread_append(file.as_raw_fd(), buf, len, at, libc::RWF_NOWAIT) {
-        Err(e) if e.kind() == ErrorKind::WouldBlock => Err(would_block()),
-        Err(e) => Err(os_err("read (cached)", e)),
-        Ok(got) if got < len => Err(would_block()),
-        Ok(_) => Ok(()),
-    }
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int) })
 }
 
 /// Appends up to `len` bytes from `at` of `fd` to `buf`, read (`preadv2` with `flags`)
