@@ -521,10 +521,12 @@ impl Filesystem for StoaFs {
                 let mut node = held.unwrap_or(newest);
                 // A directory the kernel holds in another directory cannot take this
                 // name inside a rename, nor while its old name waits for the caller to
-                // let go: it gets a new node (caps.md invariant 32).
+                // let go, nor below itself (another mount moved it under a directory
+                // the kernel holds below it): it gets a new node (caps.md invariant 32).
                 if is_dir
                     && (despite_old_name == Some(attr.ino)
-                        || names.moved_dir(parent.0, node) && Call::of(caller).renaming())
+                        || names.moved_dir(parent.0, node)
+                            && (Call::of(caller).renaming() || names.holds_above(node, parent.0)))
                 {
                     node = ids.alias();
                     tracing::debug!(
@@ -756,9 +758,7 @@ impl Filesystem for StoaFs {
             let r = c.rename(dir, &name, newdir, &newname, flags.bits()).await;
             if r.is_ok() {
                 if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-                    // Both names now lead elsewhere: the next lookups record them.
-                    names.removed(parent.0, &name);
-                    names.removed(newparent.0, &newname);
+                    names.exchanged((parent.0, &name), (newparent.0, &newname));
                 } else {
                     names.moved((parent.0, &name), (newparent.0, &newname));
                 }

@@ -133,6 +133,24 @@ impl KernelNames {
         self.lock().dir_parents.get(&ino).is_some_and(|p| *p != parent)
     }
 
+    /// Whether the kernel may hold directory node `ino` above directory node `dir`: the
+    /// directories each was last given in lead from `dir` up to `ino`. Linux cannot move
+    /// such an entry to a name below `dir` (it would be its own ancestor: `ELOOP`).
+    pub fn holds_above(&self, ino: u64, dir: u64) -> bool {
+        let n = self.lock();
+        let mut at = dir;
+        // Records made at different times may form a cycle: a walk ends within as many
+        // steps as there are records.
+        for _ in 0..=n.dir_parents.len() {
+            match n.dir_parents.get(&at) {
+                Some(&up) if up == ino => return true,
+                Some(&up) => at = up,
+                None => return false,
+            }
+        }
+        false
+    }
+
     /// The drop of `ino`'s old name: a receiver that turns true once the kernel dropped
     /// it, and the sender when no drop was on its way (the caller then makes it, and
     /// passes the sender to [`KernelNames::dropped`]).
@@ -166,6 +184,26 @@ impl KernelNames {
         let to = (to.0, to.1.to_vec());
         n.unname(&to);
         if let Some(ino) = n.unname(&(from.0, from.1.to_vec())) {
+            if let Some(parent) = n.dir_parents.get_mut(&ino) {
+                *parent = to.0;
+            }
+            n.by_name.insert(to.clone(), ino);
+            n.by_ino.insert(ino, to);
+        }
+    }
+
+    /// This mount exchanged `a` and `b` (`RENAME_EXCHANGE`; the kernel swaps its
+    /// entries): what it held under each, it holds under the other. A directory's record
+    /// of where it was given moves with it: left behind, the directory counted as moved
+    /// from another directory, and the next rename that looked it up gave it a second
+    /// node, so that the kernel no longer saw the rename's target as its source's parent
+    /// (`nsx.py` seed 307: `rename("c/d", "c")` answered `EISDIR`, not `ENOTEMPTY`).
+    pub fn exchanged(&self, a: (u64, &[u8]), b: (u64, &[u8])) {
+        let mut n = self.lock();
+        let (a, b) = ((a.0, a.1.to_vec()), (b.0, b.1.to_vec()));
+        let (at_a, at_b) = (n.unname(&a), n.unname(&b));
+        for (ino, to) in [(at_a, b), (at_b, a)] {
+            let Some(ino) = ino else { continue };
             if let Some(parent) = n.dir_parents.get_mut(&ino) {
                 *parent = to.0;
             }
@@ -299,5 +337,41 @@ pub(crate) mod tests {
         assert!(!names.moved_dir(1, attr(7, FileKind::File, 1).ino.0), "files are not");
         names.forgot(9);
         assert!(!names.moved_dir(4, 9), "forgotten by the kernel");
+    }
+
+    #[test]
+    fn a_directory_is_held_above_the_directories_given_below_it() {
+        let names = KernelNames::default();
+        let dir = |ino| attr(ino, FileKind::Dir, 2);
+        // 1/x (9), 9/y (10), 10/z (11); 12 given elsewhere.
+        give(&names, 1, b"x", &dir(9));
+        give(&names, 9, b"y", &dir(10));
+        give(&names, 10, b"z", &dir(11));
+        give(&names, 1, b"w", &dir(12));
+        assert!(names.holds_above(9, 11) && names.holds_above(10, 11) && names.holds_above(9, 10));
+        assert!(!names.holds_above(11, 9), "below, not above");
+        assert!(!names.holds_above(12, 11));
+        assert!(!names.holds_above(9, 1), "1 was never given: nothing is known above it");
+        // Records that form a cycle (each made at another time) end the walk.
+        give(&names, 11, b"x", &dir(9));
+        assert!(!names.holds_above(12, 9));
+    }
+
+    #[test]
+    fn an_exchange_made_here_swaps_the_names_and_moves_the_directories() {
+        let names = KernelNames::default();
+        let (dir, file) = (attr(9, FileKind::Dir, 2), attr(7, FileKind::File, 1));
+        give(&names, 1, b"d", &dir);
+        give(&names, 2, b"f", &file);
+        names.exchanged((1, b"d"), (2, b"f"));
+        assert_eq!((names.node_at(2, b"f"), names.node_at(1, b"d")), (Some(9), Some(7)));
+        assert!(!names.moved_dir(2, 9), "the kernel moved the directory's entry itself");
+        assert!(names.moved_dir(1, 9));
+        assert_eq!(give(&names, 2, b"f", &dir), None, "looked up again where it went");
+        assert_eq!(give(&names, 1, b"d", &file), None);
+        // With a name the kernel held nothing under, the other name only moves.
+        names.exchanged((2, b"f"), (3, b"e"));
+        assert_eq!((names.node_at(3, b"e"), names.node_at(2, b"f")), (Some(9), None));
+        assert!(!names.moved_dir(3, 9));
     }
 }
