@@ -309,11 +309,10 @@ impl Engine {
     }
 
     /// [`Engine::read`] when nothing of it would wait for the disk, to be called on the
-    /// server's reactor: the chunk's lock is free, its header cached, the data file's
-    /// path in the kernel's name cache (or its file kept open) and the bytes in its page
-    /// cache. None otherwise,
-    /// and on any error (the caller then reads on the blocking pool, which reports it):
-    /// this never answers with something the blocking read would not.
+    /// server's reactor: the chunk's lock is free, its header cached, its data file kept
+    /// open or its path in the kernel's name cache, and the bytes in its page cache. None
+    /// otherwise, and on any error (the caller then reads on the blocking pool, which
+    /// reports it): this never answers with something the blocking read would not.
     pub fn read_cached(&self, chunk: ChunkId, offset: u32, len: u32) -> Option<Vec<u8>> {
         let _lock = self.stripe(chunk).try_read().ok()?;
         let cached = self.headers.for_read(chunk)?;
