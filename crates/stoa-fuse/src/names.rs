@@ -84,6 +84,16 @@ impl Names {
         self.by_ino.remove(&ino);
         Some(ino)
     }
+
+    /// The kernel moved its entry of `ino` to `to` itself (a rename made here): its
+    /// name, and for a directory the directory it is in, go with it.
+    fn place(&mut self, ino: u64, to: Name) {
+        if let Some(parent) = self.dir_parents.get_mut(&ino) {
+            *parent = to.0;
+        }
+        self.by_name.insert(to.clone(), ino);
+        self.by_ino.insert(ino, to);
+    }
 }
 
 impl KernelNames {
@@ -184,11 +194,7 @@ impl KernelNames {
         let to = (to.0, to.1.to_vec());
         n.unname(&to);
         if let Some(ino) = n.unname(&(from.0, from.1.to_vec())) {
-            if let Some(parent) = n.dir_parents.get_mut(&ino) {
-                *parent = to.0;
-            }
-            n.by_name.insert(to.clone(), ino);
-            n.by_ino.insert(ino, to);
+            n.place(ino, to);
         }
     }
 
@@ -203,12 +209,9 @@ impl KernelNames {
         let (a, b) = ((a.0, a.1.to_vec()), (b.0, b.1.to_vec()));
         let (at_a, at_b) = (n.unname(&a), n.unname(&b));
         for (ino, to) in [(at_a, b), (at_b, a)] {
-            let Some(ino) = ino else { continue };
-            if let Some(parent) = n.dir_parents.get_mut(&ino) {
-                *parent = to.0;
+            if let Some(ino) = ino {
+                n.place(ino, to);
             }
-            n.by_name.insert(to.clone(), ino);
-            n.by_ino.insert(ino, to);
         }
     }
 

@@ -57,10 +57,15 @@ fn cost(h: &Header) -> usize {
 }
 
 impl Inner {
+    /// Takes an entry no longer in the map off the byte and file counts.
+    fn uncount(&mut self, gone: &Entry) {
+        self.bytes -= cost(&gone.header);
+        self.files -= usize::from(gone.file.is_some());
+    }
+
     fn remove(&mut self, chunk: ChunkId) {
         if let Some(gone) = self.headers.remove(&chunk) {
-            self.bytes -= cost(&gone.header);
-            self.files -= usize::from(gone.file.is_some());
+            self.uncount(&gone);
         }
     }
 }
@@ -86,10 +91,7 @@ impl HeaderCache {
         let mut inner = self.lock();
         let entry = Entry { header: Arc::new(header.clone()), file: None };
         match inner.headers.insert(header.chunk, entry) {
-            Some(old) => {
-                inner.bytes -= cost(&old.header);
-                inner.files -= usize::from(old.file.is_some());
-            }
+            Some(old) => inner.uncount(&old),
             None => inner.order.push_back(header.chunk),
         }
         inner.bytes += cost(header);
