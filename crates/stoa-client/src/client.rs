@@ -611,7 +611,7 @@ impl Client {
     }
 
     /// Corrects attributes from meta with what this client knows better: the size of a
-    /// file it is writing.
+    /// file it is writing, and the mtime of overwrites whose commit it holds (`HeldTimes`).
     pub(crate) fn adjust(&self, mut attr: Attr) -> Attr {
         let file = self.sh.files.get(attr.ino);
         if let Some(file) = file {
@@ -622,6 +622,10 @@ impl Client {
                 inner.learn_cached(&attr);
             }
             attr.size = inner.size_of(&attr);
+            if let Some(at) = inner.held_mtime() {
+                attr.mtime = at;
+                attr.ctime = attr.ctime.max(at);
+            }
         }
         attr
     }

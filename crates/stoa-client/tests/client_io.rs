@@ -571,3 +571,74 @@ async fn an_fdatasync_of_an_overwrite_waits_for_its_data_but_not_its_mtime() {
     assert_eq!(cluster.state.lock().unwrap().attrs[&ino.0].size, 12288);
     client.release(fh).await.unwrap();
 }
+
+/// The commits of overwrites of a file held alone, whose size meta has (only their
+/// mtime is new to meta), are held here and sent as one (`HeldTimes`): a database's
+/// write and fdatasync is not a Raft entry each. A stat here shows their mtime all the
+/// same. An fsync sends it, so does a change of times (which stays over it), a recall
+/// before its ack, and the time limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commits_of_overwrites_are_held_and_sent_as_one() {
+    use stoa_types::{SetTime, Timestamp};
+    let (cluster, client) = setup().await;
+    let ino = new_file(&client, b"db").await;
+    let fh = client.open(ino).await.unwrap();
+    client.write(fh, 0, &pattern(16384, 1)).await.unwrap();
+    client.fsync(fh).await.unwrap();
+    let on_meta = || cluster.state.lock().unwrap().attrs[&ino.0].clone();
+    let commits = || {
+        let st = cluster.state.lock().unwrap();
+        st.commit_calls + st.batched_commits
+    };
+    let (sent, before) = (commits(), on_meta());
+    let overwrite = |seed: u8| {
+        let client = client.clone();
+        async move {
+            client.write(fh, u64::from(seed % 4) * 4096, &pattern(4096, seed)).await.unwrap();
+            client.fdatasync(fh).await.unwrap();
+        }
+    };
+    for seed in 0..20 {
+        overwrite(seed).await;
+    }
+    assert_eq!(commits(), sent, "an overwrite's commit was sent");
+    let here = client.getattr(ino).await.unwrap();
+    assert!(here.mtime > before.mtime, "a stat here shows the overwrites' mtime");
+    assert_eq!((here.size, on_meta().mtime), (16384, before.mtime));
+    client.fsync(fh).await.unwrap();
+    assert_eq!((commits(), on_meta().mtime), (sent + 1, here.mtime), "the fsync sent it");
+
+    // A change of times made after an overwrite stays over it.
+    overwrite(20).await;
+    let set_at = Timestamp { secs: 1_000_000, nanos: 0 };
+    let set = SetAttr { mtime: Some(SetTime::At(set_at)), ..SetAttr::default() };
+    client.setattr(ino, set).await.unwrap();
+    client.fsync(fh).await.unwrap();
+    assert_eq!(commits(), sent + 2);
+    assert_eq!((on_meta().mtime, client.getattr(ino).await.unwrap().mtime), (set_at, set_at));
+
+    // Left alone, it goes once its time is up.
+    overwrite(21).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while commits() < sent + 3 {
+        assert!(std::time::Instant::now() < deadline, "a held commit was never sent");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(on_meta().mtime, client.getattr(ino).await.unwrap().mtime);
+
+    // A recall sends it before its ack.
+    overwrite(22).await;
+    let held = client.getattr(ino).await.unwrap().mtime;
+    assert!(held > on_meta().mtime);
+    let seq = cluster.state.lock().unwrap().granted[&ino.0];
+    let recall = stoa_proto::CapRef { ino, seq };
+    cluster.state.lock().unwrap().recalls.push(recall);
+    let acked = async {
+        while !cluster.state.lock().unwrap().released.contains(&recall) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_millis(900), acked).await.expect("no ack");
+    assert_eq!(on_meta().mtime, held, "acked before the held commit reached meta");
+    client.release(fh).await.unwrap();
+}
