@@ -169,15 +169,18 @@ impl Server {
     }
 
     /// Runs `f` on the blocking pool: disk I/O never runs on the reactor.
-    async fn disk<T, F>(&self, f: F) -> Result<T, FsError>
+    fn disk<T, F>(
+        &self,
+        f: F,
+    ) -> impl std::future::Future<Output = Result<T, FsError>> + Send + 'static
     where
         T: Send + 'static,
         F: FnOnce(&Engine) -> Result<T, FsError> + Send + 'static,
     {
         let engine = self.engine.clone();
-        tokio::task::spawn_blocking(move || f(&engine))
-            .await
-            .map_err(|e| FsError::Io(format!("chunk disk task: {e}")))?
+        // Started now, not when first polled: a caller may await something else first.
+        let task = tokio::task::spawn_blocking(move || f(&engine));
+        async move { task.await.map_err(|e| FsError::Io(format!("chunk disk task: {e}")))? }
     }
 
     async fn call_meta(&self, op: MetaOp) -> Result<MetaResponse, FsError> {
