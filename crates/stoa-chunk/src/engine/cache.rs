@@ -8,7 +8,9 @@
 //! under the chunk's stripe lock held for writing, and drops the entry (its file with it)
 //! before touching the file (so a failed write leaves no stale entry) and puts the new
 //! header in after, without a file. A file is kept only by a reader holding the stripe
-//! for reading, which it opened at the path under that lock. Rot of a header file while
+//! for reading, which it opened at the path under that lock, or by a write holding it
+//! for writing, once its header is in: the file it wrote, opened at the path under that
+//! lock or taken from the entry under it. Rot of a header file while
 //! it is cached does not reach readers (the cached copy is the good one); the scrubber
 //! reads the file itself and finds it.
 
@@ -101,7 +103,7 @@ impl HeaderCache {
         }
     }
 
-    /// Keeps `file`, just opened at the chunk's path by a reader holding its stripe, with
+    /// Keeps `file`, the chunk's file at its path (see the invariant above), with
     /// the chunk's entry (if it has one and no file yet), giving up the file kept longest
     /// when [`FILES_MAX`] are open.
     pub fn keep_file(&self, chunk: ChunkId, file: &Arc<File>) {

@@ -426,7 +426,11 @@ impl Engine {
             _ => Header::empty(chunk),
         };
         let paths = self.paths(chunk);
-        let file = self.create_file(&paths)?;
+        // The file a reader or the last write kept is the chunk's (cache.rs): no open.
+        let file = match self.headers.for_read(chunk).and_then(|cached| cached.file) {
+            Some(file) => file,
+            None => Arc::new(self.create_file(&paths)?),
+        };
         let mut pos = 0usize;
         for &(offset, len) in ranges {
             let bytes = &data[pos..pos + len as usize];
@@ -439,6 +443,7 @@ impl Engine {
         header.version = next;
         header.remember(id, next);
         self.save_header(&paths, &file, header, previous)?;
+        self.headers.keep_file(chunk, &file);
         Ok(Outcome::Applied(next))
     }
 
@@ -567,7 +572,8 @@ impl Engine {
             let paths = self.paths(chunk);
             let what = || format!("sync chunk {chunk}");
             // The headers are file data too: fdatasync covers them and the length.
-            match File::open(&paths.file) {
+            let kept = self.headers.for_read(chunk).and_then(|cached| cached.file);
+            match kept.map_or_else(|| File::open(&paths.file).map(Arc::new), Ok) {
                 Ok(f) => f.sync_data().map_err(|e| io_err(what(), e))?,
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => return Err(io_err(what(), e)),
@@ -997,14 +1003,15 @@ enum Wait {
     Never,
 }
 
-/// Opens the file at `path` to read, resolving the path from the kernel's name cache
-/// alone (`RESOLVE_CACHED`): an error where the disk would have been needed.
+/// Opens the file at `path` to read and write (as `open_raw`: a write may use the file
+/// kept), resolving the path from the kernel's name cache alone (`RESOLVE_CACHED`): an
+/// error where the disk would have been needed.
 fn open_cached(path: &Path) -> Result<File, FsError> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| FsError::Invalid(format!("{} holds a NUL", path.display())))?;
     // SAFETY: open_how is plain integers, for which zero is valid.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    how.flags = (libc::O_RDWR | libc::O_CLOEXEC) as u64;
     how.resolve = libc::RESOLVE_CACHED;
     // SAFETY: `c_path` and `how` outlive the call, and the size passed is `how`'s.
     let fd = unsafe {

@@ -474,18 +474,22 @@ fn a_sync_flushes_a_directory_only_after_a_name_in_it_changed() {
     assert_eq!(e.read(id(0), 0, 100).unwrap(), b"new in");
 }
 
-/// A read keeps the chunk's file open for the next one; every change that puts another
-/// file at the chunk's path (an install, a removal and a new write) drops it, so a read
-/// never answers from a file no longer the chunk's.
+/// A read or a write keeps the chunk's file open for the next one; every change that
+/// puts another file at the chunk's path (an install, a removal and a new write) drops
+/// it, so neither a read nor a write ever uses a file no longer the chunk's.
 #[test]
 fn a_kept_file_is_always_the_chunks_file() {
     let (_d, e) = engine();
     e.write(id(0), 0, &[1u8; 9000], None, None).unwrap();
+    assert!(e.headers.for_read(id(0)).unwrap().file.is_some(), "the write kept its file");
     assert_eq!(e.read(id(0), 0, 4).unwrap(), [1u8; 4]);
-    assert!(e.headers.for_read(id(0)).unwrap().file.is_some(), "the read kept the file");
     e.install(id(0), 5, &[2u8; 9000], &[], false).unwrap();
     assert_eq!(e.read_cached(id(0), 8000, 4).as_deref(), Some(&[2u8; 4][..]));
     assert_eq!(e.read(id(0), 0, 4).unwrap(), [2u8; 4]);
+    assert!(e.headers.for_read(id(0)).unwrap().file.is_some(), "the read kept the file");
+    e.write(id(0), 0, &[5u8; 4], None, None).unwrap();
+    e.sync_all(&[id(0)]).unwrap();
+    assert_eq!(e.read(id(0), 0, 8).unwrap(), [5, 5, 5, 5, 2, 2, 2, 2]);
     e.remove(id(0)).unwrap();
     assert_eq!(e.read(id(0), 0, 4).unwrap(), Vec::<u8>::new());
     e.write(id(0), 0, &[3u8; 100], None, None).unwrap();
