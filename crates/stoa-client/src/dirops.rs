@@ -434,9 +434,9 @@ impl Client {
             file.send_all(&self.sh);
         }
         let mut inner = file.as_ref().map(|f| f.lock());
-        if let (Some(file), Some(held), true) = (file.as_ref(), inner.as_mut(), times) {
-            // Its commit would set the mtime over this change's.
-            file.send_times_locked(&self.sh, held);
+        if let (Some(file), Some(state), true) = (file.as_ref(), inner.as_mut(), times) {
+            // A held commit would set the mtime over this change's.
+            file.send_times_locked(&self.sh, state);
         }
         let change = inner.as_ref().map_or(AttrChange::Now, |i| i.attr_change(times));
         if change == AttrChange::Meta {

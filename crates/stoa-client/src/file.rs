@@ -355,11 +355,17 @@ impl FileInner {
     /// write finished, and either a commit covering it was answered or no commit is
     /// left at all (a failed write has none).
     fn settled_through(&self, through: u64) -> bool {
-        let no_commit = self.commit_end.is_none()
+        self.finished_through() >= through
+            && (self.committed_through >= through || self.no_commit_left())
+    }
+
+    /// Whether no commit of the file waits to be sent, is on its way, or is held
+    /// ([`HeldTimes`]).
+    fn no_commit_left(&self) -> bool {
+        self.commit_end.is_none()
             && !self.committing
             && self.batched.is_none()
-            && self.held_times.is_none();
-        self.finished_through() >= through && (self.committed_through >= through || no_commit)
+            && self.held_times.is_none()
     }
 
     /// Whether a size commit of the file is queued or on its way to meta.
@@ -370,10 +376,7 @@ impl FileInner {
     pub fn is_idle(&self) -> bool {
         self.buffer.is_empty()
             && self.pending == 0
-            && self.commit_end.is_none()
-            && !self.committing
-            && self.batched.is_none()
-            && self.held_times.is_none()
+            && self.no_commit_left()
             && self.deferred.is_empty()
     }
 
@@ -851,12 +854,7 @@ impl FileState {
     fn release_deferred(self: &Arc<Self>, sh: &Arc<Shared>) {
         {
             let mut inner = self.lock();
-            if inner.deferred.is_empty()
-                || !inner.inflight.is_empty()
-                || inner.commit_end.is_some()
-                || inner.commit_pending()
-                || inner.held_times.is_some()
-            {
+            if inner.deferred.is_empty() || !inner.inflight.is_empty() || !inner.no_commit_left() {
                 return;
             }
             for change in std::mem::take(&mut inner.deferred) {

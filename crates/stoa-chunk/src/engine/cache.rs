@@ -89,6 +89,11 @@ impl HeaderCache {
         Some(ForRead { header: e.header.clone(), file: e.file.clone() })
     }
 
+    /// The chunk's file kept open, if any.
+    pub fn kept_file(&self, chunk: ChunkId) -> Option<Arc<File>> {
+        self.lock().headers.get(&chunk)?.file.clone()
+    }
+
     pub fn put(&self, header: &Header) {
         let mut inner = self.lock();
         let entry = Entry { header: Arc::new(header.clone()), file: None };

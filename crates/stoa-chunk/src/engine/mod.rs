@@ -427,7 +427,7 @@ impl Engine {
         };
         let paths = self.paths(chunk);
         // The file a reader or the last write kept is the chunk's (cache.rs): no open.
-        let file = match self.headers.for_read(chunk).and_then(|cached| cached.file) {
+        let file = match self.headers.kept_file(chunk) {
             Some(file) => file,
             None => Arc::new(self.create_file(&paths)?),
         };
@@ -572,7 +572,7 @@ impl Engine {
             let paths = self.paths(chunk);
             let what = || format!("sync chunk {chunk}");
             // The headers are file data too: fdatasync covers them and the length.
-            let kept = self.headers.for_read(chunk).and_then(|cached| cached.file);
+            let kept = self.headers.kept_file(chunk);
             match kept.map_or_else(|| File::open(&paths.file).map(Arc::new), Ok) {
                 Ok(f) => f.sync_data().map_err(|e| io_err(what(), e))?,
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
