@@ -3,7 +3,7 @@
 //! runtime, so many requests are in flight at once while fuser's threads go back to
 //! reading the device.
 
-use crate::attr::{errno, file_attr, missing_attr, set_time, BLOCK_SIZE_BYTES};
+use crate::attr::{errno, file_attr, file_type, missing_attr, set_time, BLOCK_SIZE_BYTES};
 use crate::caller::{Call, Creds};
 use crate::dirs::{OpenDirs, Stream};
 use crate::ids::KernelIds;
@@ -1020,20 +1020,22 @@ impl Filesystem for StoaFs {
             let mut at = offset as usize;
             stream.taken(at.saturating_sub(2));
             loop {
-                let (node, kind, name) = match at {
-                    0 => (i, fuser::FileType::Directory, b".".to_vec()),
-                    1 => (i, fuser::FileType::Directory, b"..".to_vec()),
+                let next = at as u64 + 1;
+                let dir = fuser::FileType::Directory;
+                let full = match at {
+                    0 => reply.add(i, next, dir, OsStr::new(".")),
+                    1 => reply.add(i, next, dir, OsStr::new("..")),
                     n => match stream.entry(&c, n - 2).await {
                         Ok(Some(e)) => {
-                            let node = INodeNo(ids.node(e.ino));
-                            (node, crate::attr::file_type(e.kind), e.name.clone())
+                            let (node, kind) = (INodeNo(ids.node(e.ino)), file_type(e.kind));
+                            reply.add(node, next, kind, OsStr::from_bytes(&e.name))
                         }
                         // Removed while open: the listing ends, as on a local disk.
                         Ok(None) | Err(FsError::NotFound) => break,
                         Err(e) => return reply.error(fail("readdir", &e)),
                     },
                 };
-                if reply.add(node, at as u64 + 1, kind, OsStr::from_bytes(&name)) {
+                if full {
                     break;
                 }
                 at += 1;

@@ -28,7 +28,8 @@
 
 use crate::client::{Client, Shared};
 use crate::session::unexpected;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -125,7 +126,8 @@ struct Held {
     kernel_missing: bool,
     /// Every entry of this directory, under an exclusive cap taken with its listing
     /// (`dirops`): lookups and listings are answered from it and changes are made in it.
-    listing: Option<HashMap<Vec<u8>, (InodeId, FileKind)>>,
+    /// In name order, as a listing pages it: a page is a range, not a sort.
+    listing: Option<BTreeMap<Vec<u8>, (InodeId, FileKind)>>,
     /// Pages of this directory's listing meta gave under a shared cap, by the name
     /// they start after and their limit (`pages.rs`).
     pages: HashMap<(Vec<u8>, u32), pages::Page>,
@@ -495,15 +497,14 @@ impl Caps {
         let t = self.lock();
         Caps::remaining(&t)?;
         let h = t.held.get(&dir).filter(|h| h.mode == CapMode::Exclusive)?;
-        let mut later: Vec<(&Vec<u8>, &(InodeId, FileKind))> =
-            h.listing.as_ref()?.iter().filter(|(name, _)| name.as_slice() > after).collect();
-        later.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let more = later.len() > limit as usize;
-        later.truncate(limit as usize);
+        let mut later =
+            h.listing.as_ref()?.range::<[u8], _>((Bound::Excluded(after), Bound::Unbounded));
         let page = later
-            .into_iter()
+            .by_ref()
+            .take(limit as usize)
             .map(|(name, &(ino, kind))| DirEntry { name: name.clone(), ino, kind })
             .collect();
+        let more = later.next().is_some();
         Some((page, more))
     }
 
@@ -515,19 +516,12 @@ impl Caps {
         let listing = Caps::remaining(&t).and_then(|_| t.held.get(&dir)?.listing.as_ref());
         let Some(listing) = listing else { return Vec::new() };
         let owned = |ino| t.held.get(ino).is_some_and(|h| h.mode == CapMode::Exclusive);
-        let mut names: Vec<&Vec<u8>> = listing
-            .iter()
-            .filter(|(n, (ino, kind))| {
-                n.as_slice() >= name && *kind == FileKind::File && !owned(ino)
-            })
-            .map(|(n, _)| n)
-            .collect();
-        if names.len() > count {
-            names.select_nth_unstable(count.saturating_sub(1));
-            names.truncate(count);
-        }
-        names.sort_unstable();
-        names.into_iter().cloned().collect()
+        listing
+            .range::<[u8], _>((Bound::Included(name), Bound::Unbounded))
+            .filter(|(_, (ino, kind))| *kind == FileKind::File && !owned(ino))
+            .take(count)
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Whether this client holds the exclusive cap on `ino` with its attributes: it alone
@@ -555,7 +549,7 @@ impl Caps {
     pub fn listing_len(&self, ino: InodeId) -> Option<usize> {
         let t = self.lock();
         Caps::remaining(&t)?;
-        t.held.get(&ino)?.listing.as_ref().map(HashMap::len)
+        t.held.get(&ino)?.listing.as_ref().map(BTreeMap::len)
     }
 
     /// Stores an exclusive directory cap with its listing, unless a recall named it;
@@ -619,7 +613,7 @@ impl Caps {
         }
         match change {
             Change::Created(attr) => {
-                let (ino, listing) = (attr.ino, (attr.kind == FileKind::Dir).then(HashMap::new));
+                let (ino, listing) = (attr.ino, (attr.kind == FileKind::Dir).then(BTreeMap::new));
                 let mode = CapMode::Exclusive;
                 let used = t.tick;
                 let since = attr.version;
@@ -1273,8 +1267,36 @@ mod tests {
         let (rest, more) = caps.list(DIR, b"c", 2).unwrap();
         assert_eq!(rest, vec![entry(b"d", 4, FileKind::Dir)]);
         assert!(!more);
+        let (last, more) = caps.list(DIR, b"b", 2).unwrap();
+        assert_eq!(last, vec![entry(b"c", 3, FileKind::File), entry(b"d", 4, FileKind::Dir)]);
+        assert!(!more, "a page that ends at the last entry has none after it");
         caps.drop_listing(DIR);
         assert_eq!(caps.list(DIR, b"", 2), None);
+    }
+
+    /// What a removal takes ahead: the listing's regular files from a name on, in name
+    /// order, without those this client holds exclusively, `count` at most.
+    #[test]
+    fn the_files_a_removal_takes_ahead_come_in_name_order() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        let mut dir = attr(DIR);
+        dir.kind = FileKind::Dir;
+        let entry =
+            |name: &[u8], ino: u64, kind| DirEntry { name: name.to_vec(), ino: InodeId(ino), kind };
+        let entries = vec![
+            entry(b"x4", 5, FileKind::File),
+            entry(b"x1", 2, FileKind::File),
+            entry(b"x3", 4, FileKind::Dir),
+            entry(b"x2", 3, FileKind::File),
+            entry(b"x5", 6, FileKind::File),
+        ];
+        assert!(caps.store_dir(&DirGrant { attr: dir, seq: cap_seq(1, 1), entries }, 0));
+        assert!(caps.record_change(DIR, b"x2b", Change::Created(attr(InodeId(7)))).is_some());
+        let names = |v: &[&[u8]]| v.iter().map(|n| n.to_vec()).collect::<Vec<_>>();
+        assert_eq!(caps.unowned_files_from(DIR, b"x2", 3), names(&[b"x2", b"x4", b"x5"]));
+        assert_eq!(caps.unowned_files_from(DIR, b"x0", 2), names(&[b"x1", b"x2"]));
+        assert_eq!(caps.unowned_files_from(DIR, b"x6", 2), names(&[]));
     }
 
     /// A file whose last name this client removed, not open here, is given back to the
