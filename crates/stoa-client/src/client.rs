@@ -199,8 +199,8 @@ impl Client {
     ) -> Result<(Attr, FileHandle), FsError> {
         validate_name(name)?;
         let new = NewInode { kind: FileKind::File, perm, owner, rdev: 0, target: &[], open: true };
-        let attr = match self.create_here(parent, name, new).await {
-            Some(attr) => attr?,
+        let (attr, told) = match self.create_here(parent, name, new).await {
+            Some(made) => made.map(|(attr, number)| (attr, Some(number)))?,
             None => {
                 let op = MetaOp::CreateOpen {
                     parent,
@@ -211,7 +211,7 @@ impl Client {
                 };
                 let attr = self.sh.session.call_attr(op).await;
                 self.sh.caps.forget(&[parent], &[]);
-                attr?
+                (attr?, None)
             }
         };
         let claim = self.sh.files.claim(attr.ino);
@@ -221,9 +221,14 @@ impl Client {
             // The call may have moved to a new session if meta expired the old one.
             let current = self.sh.session.id();
             // Another handle of this client got here first (an open by name right after
-            // the create): meta has one open per session, so count this one.
-            if !self.reuse_open(&mut meta_open, current) {
-                *meta_open = Some(MetaOpen::new(current));
+            // the create): meta has one open per session, so count this one. Meta hears
+            // of the open twice then, so only a release may close it.
+            if self.reuse_open(&mut meta_open, current) {
+                if let Some(m) = meta_open.as_mut() {
+                    m.told = None;
+                }
+            } else {
+                *meta_open = Some(MetaOpen::new(current, told));
             }
             file.lock().opens += 1;
             current
@@ -249,13 +254,13 @@ impl Client {
         let mut meta_open = file.meta_open.lock().await;
         let current = self.sh.session.id();
         if !self.reuse_open(&mut meta_open, current) {
-            if self.open_queued(file.ino).await {
-                *meta_open = Some(MetaOpen::new(current));
+            if let Some(told) = self.open_queued(file.ino).await {
+                *meta_open = Some(MetaOpen::new(current, Some(told)));
             } else {
                 // After any queued release of the file: meta calls wait for the backlog.
                 self.sh.session.call_done(MetaOp::Open { ino: file.ino }).await?;
                 // The call may have moved to a new session if meta expired the old one.
-                *meta_open = Some(MetaOpen::new(self.sh.session.id()));
+                *meta_open = Some(MetaOpen::new(self.sh.session.id(), None));
             }
         }
         file.lock().opens += 1;
@@ -283,7 +288,10 @@ impl Client {
     /// Closes a handle: flushes its file and reports the first write error. The last
     /// handle of a file tells meta, which deletes the file if it has no names left and
     /// nobody else has it open; that call is made in the background, off the close's
-    /// critical path. A handle of an expired session answers `EIO`.
+    /// critical path. When the change that tells meta of the open has not left yet, it
+    /// is taken back instead, and meta hears of neither (a loop that opens and closes
+    /// files one after another costs meta nothing). A handle of an expired session
+    /// answers `EIO`.
     pub async fn release(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.sh.handles.lock().expect("handles lock poisoned").remove(&fh.0);
         let handle = handle.ok_or_else(|| FsError::Invalid(format!("unknown handle {}", fh.0)))?;
@@ -292,12 +300,19 @@ impl Client {
         let last = {
             let mut meta_open = file.meta_open.lock().await;
             file.lock().opens -= 1;
-            match &mut *meta_open {
+            let last = match &mut *meta_open {
                 Some(m) if m.session == handle.session => {
                     m.handles -= 1;
                     m.handles == 0
                 }
                 _ => false,
+            };
+            let told = meta_open.as_ref().and_then(|m| m.told);
+            if last && told.is_some_and(|n| self.take_back_open(n)) {
+                *meta_open = None;
+                false
+            } else {
+                last
             }
         };
         if last {

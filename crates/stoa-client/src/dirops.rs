@@ -125,6 +125,33 @@ struct Queue {
     sending: bool,
 }
 
+impl Queue {
+    /// The queued change numbered `number`, if it has not left yet. The queue is in
+    /// number order: numbers are given under its lock.
+    fn get(&mut self, number: u64) -> Option<&mut Queued> {
+        let i = self.ops.binary_search_by_key(&number, |q| q.number).ok()?;
+        Some(&mut self.ops[i])
+    }
+
+    /// Takes back change `number` if it has not left yet; whether it had not.
+    fn cancel(&mut self, number: u64) -> bool {
+        self.get(number).map(|q| q.cancelled = true).is_some()
+    }
+
+    /// Takes back the open that change `number` tells meta of (an `Open`, or the create
+    /// of a file made open), if it has not left: the `Open` is not sent, and the create
+    /// makes the file closed. Whether it had not left.
+    fn take_back_open(&mut self, number: u64) -> bool {
+        let Some(queued) = self.get(number) else { return false };
+        match &mut queued.op {
+            Op::Change(BatchOp::Open { .. }) => queued.cancelled = true,
+            Op::Change(BatchOp::Create { open, .. }) if *open => *open = false,
+            _ => return false,
+        }
+        true
+    }
+}
+
 struct Queued {
     /// Its number in its queue's backlog.
     number: u64,
@@ -174,13 +201,14 @@ pub(crate) struct NewInode<'a> {
 
 impl Client {
     /// Makes `name` in `parent` here if this client holds `parent` with its listing
-    /// (taking it if meta gives it); `None` when the change must go to meta.
+    /// (taking it if meta gives it): its attributes and the backlog number of its
+    /// queued create; `None` when the change must go to meta.
     pub(crate) async fn create_here(
         &self,
         parent: InodeId,
         name: &[u8],
         new: NewInode<'_>,
-    ) -> Option<Result<Attr, FsError>> {
+    ) -> Option<Result<(Attr, u64), FsError>> {
         self.take_dir(parent, LISTING_LIMIT).await;
         let _pin = self.pin(&[parent]).await;
         if self.sh.caps.listed(parent, name)?.is_some() {
@@ -231,9 +259,9 @@ impl Client {
             open: new.open,
             at,
         };
-        queue(&self.sh, op, &[parent, ino], Some(generation));
+        let number = queue(&self.sh, op, &[parent, ino], Some(generation));
         drop(reserved);
-        Some(Ok(attr))
+        Some(Ok((attr, number)))
     }
 
     /// Removes `name` from `parent` here (an rmdir when `dir`) if this client holds
@@ -399,21 +427,16 @@ impl Client {
     }
 
     /// Queues telling meta that this client opened file `ino`, if it holds a cap on the
-    /// file; whether it did. Meta hears of the open in order with this client's other
+    /// file; the change's backlog number if it did. Meta hears of the open in order with this client's other
     /// changes, and before the file can go: another client's removal of its last name
     /// recalls the cap, whose ack waits for what is queued, while the file is kept a
     /// stray (stoa-meta `ops/unlink.rs`); and the leader deletes a file's chunks only
     /// after every cap on it was given back (stoa-metad `leader.rs`, `collect_once`), so
     /// a read under the cap never finds them gone (caps.md invariant 19).
-    pub(crate) async fn open_queued(&self, ino: InodeId) -> bool {
+    pub(crate) async fn open_queued(&self, ino: InodeId) -> Option<u64> {
         let _pin = self.pin(&[ino]).await;
-        match self.sh.caps.held_in(ino, CapMode::Shared) {
-            Some(generation) => {
-                queue(&self.sh, BatchOp::Open { ino }, &[ino], Some(generation));
-                true
-            }
-            None => false,
-        }
+        let generation = self.sh.caps.held_in(ino, CapMode::Shared)?;
+        Some(queue(&self.sh, BatchOp::Open { ino }, &[ino], Some(generation)))
     }
 
     /// Changes the mode, owner or times of `ino` here if this client holds it
@@ -463,15 +486,13 @@ impl Client {
 
     /// Takes back queued change `number` if it has not left yet; whether it had not.
     pub(crate) fn cancel_queued(&self, number: u64) -> bool {
-        let mut q = self.sh.dirops.queue.lock().expect("dirops queue lock poisoned");
-        // Numbered under the queue's lock: the queue is in number order.
-        match q.ops.binary_search_by_key(&number, |q| q.number) {
-            Ok(i) => {
-                q.ops[i].cancelled = true;
-                true
-            }
-            Err(_) => false,
-        }
+        self.sh.dirops.queue.lock().expect("dirops queue lock poisoned").cancel(number)
+    }
+
+    /// Takes back the open that queued change `number` tells meta of, if it has not
+    /// left ([`Queue::take_back_open`]); whether it had not.
+    pub(crate) fn take_back_open(&self, number: u64) -> bool {
+        self.sh.dirops.queue.lock().expect("dirops queue lock poisoned").take_back_open(number)
     }
 
     /// Waits until meta has every namespace change this client answered so far.
@@ -840,8 +861,45 @@ fn commit_refused(sh: &Shared, ino: InodeId, e: &FsError) {
 
 #[cfg(test)]
 mod tests {
-    use super::Lost;
-    use stoa_types::InodeId;
+    use super::{Lost, Op, Queue, Queued};
+    use stoa_proto::BatchOp;
+    use stoa_types::{FileKind, InodeId, Timestamp};
+
+    fn create(open: bool) -> BatchOp {
+        let (ino, parent, name, kind) = (InodeId(9), InodeId(1), b"f".to_vec(), FileKind::File);
+        let (perm, uid, gid, rdev, target, at) = (0o644, 0, 0, 0, Vec::new(), Timestamp::now());
+        BatchOp::Create { ino, parent, name, kind, perm, uid, gid, rdev, target, open, at }
+    }
+
+    /// The last close of a file takes back the change that tells meta of its open while
+    /// that change is queued: an `Open` is not sent, a create is sent making the file
+    /// closed; nothing else is an open, and a change that left is not found.
+    #[test]
+    fn an_open_is_taken_back_only_while_its_change_is_queued() {
+        let ops = [
+            BatchOp::Open { ino: InodeId(5) },
+            create(true),
+            create(false),
+            BatchOp::Release { ino: InodeId(5) },
+        ];
+        let mut q = Queue::default();
+        for (number, op) in (1..).zip(ops) {
+            let op = Op::Change(op);
+            q.ops.push(Queued { number, after: 0, op, generation: None, cancelled: false });
+        }
+        assert!(q.take_back_open(1));
+        assert!(q.ops[0].cancelled, "the open is not sent");
+        assert!(q.take_back_open(2));
+        assert!(!q.ops[1].cancelled, "the create is sent");
+        assert!(matches!(q.ops[1].op, Op::Change(BatchOp::Create { open: false, .. })));
+        assert!(!q.take_back_open(2), "taken back once");
+        assert!(!q.take_back_open(3), "a create of a file not made open");
+        assert!(!q.take_back_open(4), "a release");
+        assert!(!q.ops[3].cancelled);
+        q.ops.drain(..2);
+        assert!(!q.take_back_open(1), "left already");
+        assert!(q.cancel(4) && !q.cancel(1));
+    }
 
     #[test]
     fn a_lost_change_fails_one_fsync_of_each_handle_open_before_it_and_the_first_after() {

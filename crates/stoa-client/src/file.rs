@@ -161,11 +161,15 @@ pub struct MetaOpen {
     /// back before the batch leaves: an open meanwhile takes it back instead of asking
     /// meta again (a file opened and closed in a loop costs meta nothing).
     pub release: Option<u64>,
+    /// The backlog number of the queued change that tells meta of the open (an `Open`,
+    /// or the create of a file made open): if it has not left when the last handle
+    /// closes, it is taken back, and meta hears of neither the open nor the close.
+    pub told: Option<u64>,
 }
 
 impl MetaOpen {
-    pub fn new(session: SessionId) -> Self {
-        MetaOpen { session, handles: 1, release: None }
+    pub fn new(session: SessionId, told: Option<u64>) -> Self {
+        MetaOpen { session, handles: 1, release: None, told }
     }
 }
 

@@ -119,7 +119,7 @@ impl Client {
         let new = NewInode { kind, perm, owner, rdev, target: &[], open: false };
         if kind != FileKind::Dir {
             if let Some(made) = self.create_here(parent, name, new).await {
-                return made;
+                return made.map(|(attr, _)| attr);
             }
         }
         let op = MetaOp::Create {
@@ -146,7 +146,7 @@ impl Client {
         validate_name(name)?;
         let new = NewInode { kind: FileKind::Dir, perm, owner, rdev: 0, target: &[], open: false };
         if let Some(made) = self.create_here(parent, name, new).await {
-            return made;
+            return made.map(|(attr, _)| attr);
         }
         let op =
             MetaOp::Mkdir { parent, name: name.to_vec(), perm, uid: owner.uid, gid: owner.gid };
@@ -169,7 +169,7 @@ impl Client {
         let new =
             NewInode { kind: FileKind::Symlink, perm: 0o777, owner, rdev: 0, target, open: false };
         if let Some(made) = self.create_here(parent, name, new).await {
-            return made;
+            return made.map(|(attr, _)| attr);
         }
         let op = MetaOp::Symlink {
             parent,

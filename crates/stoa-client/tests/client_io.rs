@@ -485,6 +485,36 @@ async fn a_lookup_waits_for_no_queued_open_or_release() {
     wait_released(&cluster, ino).await;
 }
 
+/// An open whose change had not left when the file's last handle closed is taken back
+/// with it, and meta hears of neither; one that had left is released as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_closed_before_it_left_costs_meta_nothing() {
+    let (cluster, client) = setup().await;
+    let (a, b) = (new_file(&client, b"a").await, new_file(&client, b"b").await);
+    client.lookup(InodeId::ROOT, b"a").await.unwrap();
+    client.lookup(InodeId::ROOT, b"b").await.unwrap();
+    let before = cluster.state.lock().unwrap().open_calls;
+    cluster.hold_batches.store(true, Ordering::SeqCst);
+    // The batch with b's open leaves and is held at meta; a's opens queue behind it.
+    let fb = client.open(b).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while cluster.state.lock().unwrap().batches_arrived == 0 {
+        assert!(std::time::Instant::now() < deadline, "b's open never left");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    for _ in 0..3 {
+        let fa = client.open(a).await.unwrap();
+        client.release(fa).await.unwrap();
+    }
+    client.release(fb).await.unwrap();
+    cluster.hold_batches.store(false, Ordering::SeqCst);
+    wait_released(&cluster, b).await;
+    client.sync_namespace().await;
+    let st = cluster.state.lock().unwrap();
+    assert_eq!(st.open_calls - before, 1, "only b's open reached meta");
+    assert!(!st.opens.contains(&a.0));
+}
+
 /// A recall's ack waits for the queued changes that name its inode (here a file's open,
 /// which must reach meta before the file can go: caps.md invariant 19), not for changes
 /// of other inodes: a batch held up at a meta leader that lost its place held every

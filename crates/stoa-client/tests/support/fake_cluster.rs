@@ -27,6 +27,8 @@ pub struct State {
     pub opens: std::collections::HashSet<u64>,
     /// `Open` calls answered.
     pub open_calls: u64,
+    /// `Batch` calls that reached meta, held ones included.
+    pub batches_arrived: u64,
     /// Sessions opened so far; `expired` ones are refused like meta refuses them.
     pub sessions: u64,
     pub expired: std::collections::HashSet<u64>,
@@ -164,6 +166,9 @@ impl stoa_net::Handler for Handler {
                     while size > self.hold_commits_above.load(Ordering::SeqCst) {
                         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                     }
+                }
+                if matches!(m.op, MetaOp::Batch { .. }) {
+                    self.state.lock().unwrap().batches_arrived += 1;
                 }
                 while matches!(m.op, MetaOp::Batch { .. })
                     && self.hold_batches.load(Ordering::SeqCst)
