@@ -427,12 +427,13 @@ impl Client {
     }
 
     /// Queues telling meta that this client opened file `ino`, if it holds a cap on the
-    /// file; the change's backlog number if it did. Meta hears of the open in order with this client's other
-    /// changes, and before the file can go: another client's removal of its last name
-    /// recalls the cap, whose ack waits for what is queued, while the file is kept a
-    /// stray (stoa-meta `ops/unlink.rs`); and the leader deletes a file's chunks only
-    /// after every cap on it was given back (stoa-metad `leader.rs`, `collect_once`), so
-    /// a read under the cap never finds them gone (caps.md invariant 19).
+    /// file; the change's backlog number if it did. Meta hears of the open in order
+    /// with this client's other changes, and before the file can go: another client's
+    /// removal of its last name recalls the cap, whose ack waits for what is queued,
+    /// while the file is kept a stray (stoa-meta `ops/unlink.rs`); and the leader
+    /// deletes a file's chunks only after every cap on it was given back (stoa-metad
+    /// `leader.rs`, `collect_once`), so a read under the cap never finds them gone
+    /// (caps.md invariant 19).
     pub(crate) async fn open_queued(&self, ino: InodeId) -> Option<u64> {
         let _pin = self.pin(&[ino]).await;
         let generation = self.sh.caps.held_in(ino, CapMode::Shared)?;
