@@ -307,13 +307,13 @@ impl Client {
                 }
                 _ => false,
             };
-            let told = meta_open.as_ref().and_then(|m| m.told);
-            if last && told.is_some_and(|n| self.take_back_open(n)) {
+            // An open meta has not heard of yet goes back with its last close.
+            let told = meta_open.as_ref().and_then(|m| m.told).filter(|_| last);
+            let unsent = told.is_some_and(|n| self.take_back_open(n));
+            if unsent {
                 *meta_open = None;
-                false
-            } else {
-                last
             }
+            last && !unsent
         };
         if last {
             let client = self.clone();
