@@ -356,6 +356,20 @@ fn a_cached_read_answers_only_what_a_read_from_disk_would() {
     assert_eq!(e.read_cached(id(1), 100, 200).as_deref(), Some(&data[100..300]));
 }
 
+/// A long read is never tried on the reactor, even with every byte cached: on a cold
+/// range, the attempt would start the readahead of all of it on the reactor's thread.
+#[test]
+fn a_read_longer_than_the_cached_limit_goes_to_the_blocking_read() {
+    let (_d, e) = engine();
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    e.write(id(0), 0, &data, None, None).unwrap();
+    let limit = CACHED_READ_MAX as usize;
+    assert_eq!(e.read_cached(id(0), 0, CACHED_READ_MAX).as_deref(), Some(&data[..limit]));
+    assert_eq!(e.read_cached(id(0), 0, CACHED_READ_MAX + 1), None);
+    assert_eq!(e.read_cached(id(0), 0, 1_000_000), None);
+    assert_eq!(e.read(id(0), 0, 1_000_000).unwrap(), data);
+}
+
 /// A chunk file cut short on disk (its data ends before the header says) reads as
 /// damage from disk, and is never answered from the page cache.
 #[test]
