@@ -361,9 +361,10 @@ impl Server {
         let none = Bytes::new();
         match req.op {
             ChunkOp::Read { chunk, offset, len } => {
-                // Answered here on the reactor when nothing of it waits for the disk: a
-                // trip through the blocking pool costs two thread wake-ups, the larger
-                // part of a small read's time on this server.
+                // Answered here on the reactor when it is short and nothing of it waits
+                // for the disk: a trip through the blocking pool costs two thread
+                // wake-ups, the larger part of a small read's time on this server. A
+                // long read is never tried here, so the prefetch counts it as a miss.
                 let cached = self.engine.read_cached(chunk, offset, len);
                 self.prefetch.on_read(&self.engine, chunk, offset, cached.is_none());
                 let data = match cached {
