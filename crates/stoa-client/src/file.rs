@@ -263,6 +263,8 @@ struct HeldTimes {
     at: Timestamp,
     /// The caps generation they were written under.
     generation: u64,
+    /// When the first of them was held: the commit is sent [`HELD_TIMES_MAX`] after.
+    since: tokio::time::Instant,
 }
 
 /// An attribute change made here whose sending waits ([`FileInner::deferred`]).
@@ -728,16 +730,19 @@ impl FileState {
             && inner.deferred.is_empty()
             && inner.held_times.as_ref().is_none_or(|held| held.generation == generation);
         if overwrite {
-            let first = inner.held_times.is_none();
-            let end = inner.held_times.as_ref().map_or(end, |held| held.end.max(end));
-            inner.held_times = Some(HeldTimes { end, at, generation });
-            if first {
-                let (file, sh) = (self.clone(), sh.clone());
-                tokio::spawn(async move {
-                    tokio::time::sleep(HELD_TIMES_MAX).await;
-                    file.send_times(&sh);
-                });
-            }
+            let (end, since) = match &inner.held_times {
+                Some(held) => (held.end.max(end), held.since),
+                None => {
+                    let since = tokio::time::Instant::now();
+                    let (file, sh) = (self.clone(), sh.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(since + HELD_TIMES_MAX).await;
+                        file.send_times_due(&sh);
+                    });
+                    (end, since)
+                }
+            };
+            inner.held_times = Some(HeldTimes { end, at, generation, since });
             return true;
         }
         inner.held_times = None;
@@ -749,6 +754,17 @@ impl FileState {
     pub(crate) fn send_times(self: &Arc<Self>, sh: &Arc<Shared>) {
         let mut inner = self.lock();
         self.send_times_locked(sh, &mut inner);
+    }
+
+    /// Queues the commit held here if it has been held for [`HELD_TIMES_MAX`]: the timer
+    /// of a hold that an fsync already sent finds a later hold, not yet due, and leaves it
+    /// to its own timer.
+    fn send_times_due(self: &Arc<Self>, sh: &Arc<Shared>) {
+        let mut inner = self.lock();
+        let now = tokio::time::Instant::now();
+        if inner.held_times.as_ref().is_some_and(|held| held.since + HELD_TIMES_MAX <= now) {
+            self.send_times_locked(sh, &mut inner);
+        }
     }
 
     /// [`FileState::send_times`] under the file's lock.

@@ -647,17 +647,23 @@ async fn the_commits_of_overwrites_are_held_and_sent_as_one() {
     assert_eq!(commits(), sent + 2);
     assert_eq!((on_meta().mtime, client.getattr(ino).await.unwrap().mtime), (set_at, set_at));
 
-    // Left alone, it goes once its time is up.
+    // Left alone, it goes once its time is up, and not before: the timer of a hold an
+    // fsync sent leaves the next hold to its own.
     overwrite(21).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while commits() < sent + 3 {
+    client.fsync(fh).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let begun = std::time::Instant::now();
+    overwrite(22).await;
+    let deadline = begun + Duration::from_secs(10);
+    while commits() < sent + 4 {
         assert!(std::time::Instant::now() < deadline, "a held commit was never sent");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(begun.elapsed() >= Duration::from_secs(1), "a hold was sent before its time");
     assert_eq!(on_meta().mtime, client.getattr(ino).await.unwrap().mtime);
 
     // A recall sends it before its ack.
-    overwrite(22).await;
+    overwrite(23).await;
     let held = client.getattr(ino).await.unwrap().mtime;
     assert!(held > on_meta().mtime);
     let seq = cluster.state.lock().unwrap().granted[&ino.0];
