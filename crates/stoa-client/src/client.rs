@@ -8,6 +8,7 @@ use crate::file::{Durability, ErrorCursor, FileState, Files, MetaOpen};
 use crate::file_pages::{Cached, PagePool};
 use crate::locks::KeptLocks;
 use crate::namespace::Owner;
+use crate::neighbors::Neighbors;
 use crate::readahead::Readahead;
 use crate::session::{spawn_renewal, Session};
 use bytes::Bytes;
@@ -71,6 +72,8 @@ pub(crate) struct Shared {
     /// Signalled whenever a chunk write finishes, for writers waiting for room.
     pub pending_changed: Notify,
     pub prefetch_bytes: Arc<AtomicUsize>,
+    /// The scan of small files read in inode order (neighbors.rs).
+    pub neighbors: Neighbors,
     /// Files with open handles, pending writes, or a claim (an open or a truncate).
     pub files: Files,
     handles: Mutex<HashMap<u64, Arc<OpenHandle>>>,
@@ -151,6 +154,7 @@ impl Client {
             write_failed_at: Mutex::new(None),
             pending_changed: Notify::new(),
             prefetch_bytes: Arc::new(AtomicUsize::new(0)),
+            neighbors: Neighbors::default(),
             files: Files::new(grant.chunk_size_bytes, PagePool::new(cfg.data_cache_bytes)),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),

@@ -61,10 +61,21 @@ const HELD_TIMES_MAX: Duration = Duration::from_secs(1);
 /// The states of the files this client has open, is writing, or has claimed: one per
 /// inode, so that every operation on a file sees the same buffers, size and openers.
 pub(crate) struct Files {
-    map: Mutex<HashMap<InodeId, Arc<FileState>>>,
+    map: Mutex<FileMap>,
     chunk_size: u32,
     pages: PagePool,
 }
+
+#[derive(Default)]
+struct FileMap {
+    states: HashMap<InodeId, Arc<FileState>>,
+    /// First chunks fetched for files that have no state here (neighbors.rs), each
+    /// taken by the state made next for its file.
+    fetched: HashMap<InodeId, Arc<Prefetch>>,
+}
+
+/// The most first chunks [`FileMap::fetched`] holds.
+const FETCHED_MAX: usize = 64;
 
 /// A state claimed by an operation that uses it outside a handle (an open until its
 /// handle is counted, a truncate); the claim ends when this is dropped.
@@ -82,10 +93,10 @@ impl Drop for Claim<'_> {
 
 impl Files {
     pub fn new(chunk_size: u32, pages: PagePool) -> Files {
-        Files { map: Mutex::new(HashMap::new()), chunk_size, pages }
+        Files { map: Mutex::new(FileMap::default()), chunk_size, pages }
     }
 
-    fn map(&self) -> MutexGuard<'_, HashMap<InodeId, Arc<FileState>>> {
+    fn map(&self) -> MutexGuard<'_, FileMap> {
         self.map.lock().expect("files lock poisoned")
     }
 
@@ -100,21 +111,45 @@ impl Files {
     /// in 44,000 rounds).
     pub fn claim(&self, ino: InodeId) -> Claim<'_> {
         let mut map = self.map();
-        let file = map
-            .entry(ino)
-            .or_insert_with(|| Arc::new(FileState::new(ino, self.chunk_size, self.pages.clone())));
+        let FileMap { states, fetched } = &mut *map;
+        let file = states.entry(ino).or_insert_with(|| {
+            let file = FileState::new(ino, self.chunk_size, self.pages.clone());
+            if let Some(first) = fetched.remove(&ino) {
+                file.lock().prefetched.insert(0, first);
+            }
+            Arc::new(file)
+        });
         file.lock().claims += 1;
         Claim { files: self, file: file.clone() }
     }
 
+    /// Keeps the first chunk of `ino` that `fetch` starts fetching, for the state made
+    /// next for the file (neighbors.rs). Nothing is fetched if the file has a state here
+    /// (its reads and writes go through it) or a fetch kept already. Checked and kept
+    /// under the map's lock, so that a state made meanwhile cannot miss the fetch: the
+    /// state then drops it on every change this client makes to the file.
+    pub fn keep_fetched(&self, ino: InodeId, fetch: impl FnOnce() -> Option<Prefetch>) {
+        let mut map = self.map();
+        map.fetched.retain(|_, first| first.is_fresh());
+        if map.states.contains_key(&ino)
+            || map.fetched.contains_key(&ino)
+            || map.fetched.len() >= FETCHED_MAX
+        {
+            return;
+        }
+        if let Some(first) = fetch() {
+            map.fetched.insert(ino, Arc::new(first));
+        }
+    }
+
     /// The state of `ino` if this client has it open, busy or claimed.
     pub fn get(&self, ino: InodeId) -> Option<Arc<FileState>> {
-        self.map().get(&ino).cloned()
+        self.map().states.get(&ino).cloned()
     }
 
     /// Every state, by inode.
     pub fn all(&self) -> Vec<Arc<FileState>> {
-        let mut files: Vec<Arc<FileState>> = self.map().values().cloned().collect();
+        let mut files: Vec<Arc<FileState>> = self.map().states.values().cloned().collect();
         files.sort_unstable_by_key(|f| f.ino);
         files
     }
@@ -122,7 +157,7 @@ impl Files {
     /// Drops the state of `ino` once no handle or claim uses it and nothing is in flight.
     pub fn forget_if_unused(&self, ino: InodeId) {
         let mut map = self.map();
-        let unused = map.get(&ino).is_some_and(|f| {
+        let unused = map.states.get(&ino).is_some_and(|f| {
             // A release still on its way to meta keeps the state: a new open must see
             // it, or its Open could cross that Release.
             let released = f.meta_open.try_lock().is_ok_and(|m| m.is_none());
@@ -130,7 +165,7 @@ impl Files {
             inner.opens == 0 && inner.claims == 0 && inner.is_idle() && released
         });
         if unused {
-            map.remove(&ino);
+            map.states.remove(&ino);
         }
     }
 }

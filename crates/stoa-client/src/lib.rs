@@ -12,6 +12,7 @@
 //!      v
 //!  file.rs: write buffer -> queue -> chunk writes -> CommitWrite
 //!  read.rs: size check -> flush dirty range -> prefetched chunk or chunk read
+//!           (neighbors.rs: the next small files' first chunks, fetched ahead of a scan)
 //!      |
 //!      v
 //!  chunk_io.rs: head for writes, any member for reads, retry with a fresh
@@ -30,6 +31,7 @@ mod file;
 mod file_pages;
 mod locks;
 mod namespace;
+mod neighbors;
 mod read;
 mod readahead;
 mod session;

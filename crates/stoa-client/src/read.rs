@@ -22,6 +22,7 @@
 use crate::client::Shared;
 use crate::file::FileState;
 use crate::file_pages::{Cached, PAGE};
+use crate::neighbors::{Neighbors, SMALL_MAX};
 use crate::split::{chunk_span, split, Piece};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,12 +42,36 @@ pub(crate) struct Prefetch {
     started: Instant,
     /// `None` until the fetch ends; then the data, or `None` if the fetch failed.
     data: watch::Receiver<Option<Option<Bytes>>>,
+    /// The cap it was fetched under, for a chunk fetched before its file was opened
+    /// here (neighbors.rs): served only to reads under that same cap.
+    cap: Option<u64>,
     _budget: Budget,
 }
 
 impl Prefetch {
-    fn is_fresh(&self) -> bool {
+    /// Starts fetching the first `len` bytes of `chunk`, within the client's prefetch
+    /// budget (`None` past it).
+    pub fn start(sh: &Arc<Shared>, chunk: ChunkId, len: u32, cap: Option<u64>) -> Option<Self> {
+        let _budget = Budget::take(&sh.prefetch_bytes, len as usize)?;
+        let (tx, data) = watch::channel(None);
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            let data = sh.io.read(chunk, 0, len).await;
+            if let Err(e) = &data {
+                tracing::debug!("prefetch of {chunk} failed: {e}");
+            }
+            let _ = tx.send(Some(data.ok()));
+        });
+        Some(Prefetch { started: Instant::now(), data, cap, _budget })
+    }
+
+    pub fn is_fresh(&self) -> bool {
         self.started.elapsed() < PREFETCH_FRESH
+    }
+
+    /// Whether a read under `cap` may be answered from it.
+    fn serves(&self, cap: Option<u64>) -> bool {
+        self.is_fresh() && self.cap.is_none_or(|own| cap == Some(own))
     }
 
     async fn wait(&self) -> Option<Bytes> {
@@ -93,14 +118,21 @@ impl FileState {
         cached: Cached,
     ) -> Result<Bytes, FsError> {
         let _io = self.io_lock.read().await;
-        let capped = matches!(cached, Cached::Under { .. });
+        let cap = match cached {
+            Cached::Under { cap, .. } => Some(cap),
+            Cached::No => None,
+        };
+        let capped = cap.is_some();
         let size = self.size_for_read(sh, offset + u64::from(len), capped).await?;
         if offset >= size {
             return Ok(Bytes::new());
         }
+        if offset == 0 && capped && size <= SMALL_MAX {
+            Neighbors::on_read(sh, self.ino);
+        }
         let end = (offset + u64::from(len)).min(size);
         let Cached::Under { cap, keep: true } = cached else {
-            return self.read_range(sh, offset, end, ahead, size).await;
+            return self.read_range(sh, offset, end, ahead, size, cap).await;
         };
         let epoch = {
             let mut inner = self.lock();
@@ -111,7 +143,7 @@ impl FileState {
         };
         // Whole pages, as far as the file goes, kept if nothing changed meanwhile.
         let (start, wide_end) = (offset / PAGE * PAGE, end.next_multiple_of(PAGE).min(size));
-        let data = self.read_range(sh, start, wide_end, ahead, size).await?;
+        let data = self.read_range(sh, start, wide_end, ahead, size, Some(cap)).await?;
         self.lock().pages.fill(epoch, cap, start, &data, wide_end == size);
         Ok(data.slice((offset - start) as usize..(end - start) as usize))
     }
@@ -125,6 +157,7 @@ impl FileState {
         end: u64,
         ahead: std::ops::Range<u64>,
         size: u64,
+        cap: Option<u64>,
     ) -> Result<Bytes, FsError> {
         let dirty = {
             let inner = self.lock();
@@ -134,7 +167,7 @@ impl FileState {
         self.prefetch(sh, ahead, size);
         let mut pieces = Vec::new();
         for piece in split(offset, end - offset, sh.chunk_size) {
-            pieces.push((piece, self.read_piece(sh, piece).await?));
+            pieces.push((piece, self.read_piece(sh, piece, cap).await?));
         }
         let dirty = dirty.unwrap_or_default();
         // One chunk's bytes, whole and with nothing of this client's over them: answered
@@ -183,9 +216,14 @@ impl FileState {
         Ok(inner.size_of(&attr))
     }
 
-    async fn read_piece(&self, sh: &Shared, piece: Piece) -> Result<Bytes, FsError> {
+    async fn read_piece(
+        &self,
+        sh: &Shared,
+        piece: Piece,
+        cap: Option<u64>,
+    ) -> Result<Bytes, FsError> {
         let cached = self.lock().prefetched.get(&piece.index).cloned();
-        if let Some(prefetch) = cached.filter(|p| p.is_fresh()) {
+        if let Some(prefetch) = cached.filter(|p| p.serves(cap)) {
             let (start, end) = (piece.offset as usize, (piece.offset + piece.len) as usize);
             if let Some(data) = prefetch.wait().await.filter(|d| d.len() >= end) {
                 return Ok(data.slice(start..end));
@@ -212,19 +250,10 @@ impl FileState {
             if inner.prefetched.contains_key(&index) || inner.is_dirty(index..index + 1) {
                 continue;
             }
-            let Some(budget) = Budget::take(&sh.prefetch_bytes, cs as usize) else { break };
             let len = (size - start).min(cs) as u32;
-            let (tx, rx) = watch::channel(None);
-            let entry = Prefetch { started: Instant::now(), data: rx, _budget: budget };
+            let chunk = ChunkId { ino: self.ino, index };
+            let Some(entry) = Prefetch::start(sh, chunk, len, None) else { break };
             inner.prefetched.insert(index, Arc::new(entry));
-            let (sh, chunk) = (sh.clone(), ChunkId { ino: self.ino, index });
-            tokio::spawn(async move {
-                let data = sh.io.read(chunk, 0, len).await;
-                if let Err(e) = &data {
-                    tracing::debug!("prefetch of {chunk} failed: {e}");
-                }
-                let _ = tx.send(Some(data.ok()));
-            });
         }
     }
 }

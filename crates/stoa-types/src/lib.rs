@@ -7,6 +7,7 @@ mod attr;
 mod chain;
 mod error;
 mod ids;
+mod scan;
 
 pub use attr::{Attr, DirEntry, FileKind, SetAttr, SetTime, StatFs, Timestamp};
 pub use chain::{Chain, ChainTable, ChunkNode};
@@ -14,6 +15,7 @@ pub use error::FsError;
 pub use ids::{
     ChainId, ChunkId, ClusterId, InodeId, NodeId, RequestId, SessionId, WriteId, WriteRecord,
 };
+pub use scan::{InodeScan, SCAN_GAP_MAX};
 
 /// Longest name of one directory entry, in bytes (as on Linux).
 pub const NAME_LEN_MAX: usize = 255;

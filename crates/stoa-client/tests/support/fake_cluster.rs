@@ -38,6 +38,8 @@ pub struct State {
     pub sync_calls: u64,
     /// Chunk writes (`Write` and `WriteRanges`) answered.
     pub chunk_writes: u64,
+    /// Chunk reads answered.
+    pub chunk_reads: u64,
     /// `GetAttr` calls answered.
     pub getattr_calls: u64,
     /// Size commits answered: `CommitWrite` calls, and those carried by `CommitWrites`.
@@ -475,6 +477,7 @@ impl Handler {
                 self.write_ranges(&mut st, chunk, ranges, payload)
             }
             ChunkOp::Read { chunk, offset, len } => {
+                st.chunk_reads += 1;
                 let data = st.chunks.get(&chunk).map(|d| {
                     let start = (offset as usize).min(d.len());
                     let end = (offset as usize + len as usize).min(d.len());
