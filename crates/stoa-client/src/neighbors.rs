@@ -57,13 +57,8 @@ impl Neighbors {
     /// Notes a read from the start of `ino`, a file of at most [`SMALL_MAX`] bytes read
     /// under a cap, and fetches ahead when the reads are a scan in inode order.
     pub fn on_read(sh: &Arc<Shared>, ino: InodeId) {
-        let run = {
-            let mut scan = sh.neighbors.scan.lock().expect("scan lock poisoned");
-            let run = scan.on_read(ino.0, true);
-            // A run only starts fetches: it ends at once.
-            scan.done();
-            run
-        };
+        // A run only starts fetches: none is ever in flight.
+        let run = sh.neighbors.scan.lock().expect("scan lock poisoned").on_read(ino.0, true, false);
         for next in run.into_iter().flatten() {
             let ino = InodeId(next);
             let Some((attr, _)) = sh.caps.cached_attr(ino) else { continue };

@@ -30,6 +30,7 @@
 //! so random reads of small files and scans of cached ones prefetch nothing.
 
 use crate::engine::Engine;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use stoa_types::{ChunkId, InodeId, InodeScan};
 
@@ -40,12 +41,14 @@ const BYTES_EACH: u32 = 128 * 1024;
 
 /// Where a scan in inode order stands, on this server.
 pub(super) struct Prefetch {
-    state: Arc<Mutex<InodeScan>>,
+    state: Mutex<InodeScan>,
+    /// A run is in flight; set under `state`'s lock.
+    busy: Arc<AtomicBool>,
 }
 
 impl Default for Prefetch {
     fn default() -> Prefetch {
-        Prefetch { state: Arc::new(Mutex::new(InodeScan::new(FILES_AHEAD))) }
+        Prefetch { state: Mutex::new(InodeScan::new(FILES_AHEAD)), busy: Arc::default() }
     }
 }
 
@@ -56,22 +59,21 @@ impl Prefetch {
         if chunk.index != 0 || offset != 0 {
             return;
         }
-        let Some(inodes) = lock(&self.state).on_read(chunk.ino.0, missed) else {
-            return;
+        let inodes = {
+            let mut scan = self.state.lock().expect("prefetch state poisoned");
+            let run = scan.on_read(chunk.ino.0, missed, self.busy.load(Ordering::Acquire));
+            let Some(inodes) = run else { return };
+            self.busy.store(true, Ordering::Release);
+            inodes
         };
-        let engine = engine.clone();
-        let state = self.state.clone();
+        let (engine, busy) = (engine.clone(), self.busy.clone());
         tokio::task::spawn_blocking(move || {
             for ino in inodes {
                 engine.prefetch(ChunkId { ino: InodeId(ino), index: 0 }, BYTES_EACH);
             }
-            lock(&state).done();
+            busy.store(false, Ordering::Release);
         });
     }
-}
-
-fn lock(state: &Mutex<InodeScan>) -> std::sync::MutexGuard<'_, InodeScan> {
-    state.lock().expect("prefetch state poisoned")
 }
 
 #[cfg(test)]
@@ -103,7 +105,7 @@ mod tests {
         prefetch.on_read(&engine, first(1), 0, true);
         prefetch.on_read(&engine, first(2), 0, true);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while lock(&prefetch.state).running() {
+        while prefetch.busy.load(Ordering::Acquire) {
             assert!(Instant::now() < deadline, "the prefetch run did not end");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
