@@ -2,8 +2,9 @@
 # Stoa against its peers on this machine, in one run (issue 7): a Stoa cluster (3 meta,
 # 3 chunk, replica 3), a GlusterFS replica-3 volume, a MooseFS cluster with goal 3, a
 # CephFS with 3 OSDs and pools of size 3 (bricks, chunk servers and OSDs on loopback,
-# FUSE clients), and two ceilings: a local directory and a bindfs FUSE passthrough of
-# one. The same workloads on each: fio for data (sequential 1 MiB write with fsync and
+# FUSE clients), and three ceilings: a local directory, a bindfs FUSE passthrough of
+# one, and stoa-memfs, a FUSE filesystem in memory served like Stoa's mount (what FUSE
+# itself allows here). The same workloads on each: fio for data (sequential 1 MiB write with fsync and
 # cold read, 4 KiB random read and write at iodepth 1 and 16, the DRBD+OCFS2 users'
 # randrw job), `stoa bench` for metadata, small files, the metadata-study table and fcntl
 # locks as a database takes them, and
@@ -21,7 +22,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 seq_mib=1024 rand_mib=256 runtime=10 reps=3 files=10000 dirs=1000 small=5000 study=2000 locks=2000
-systems=stoa,gluster,moosefs,ceph,local,bindfs
+systems=stoa,gluster,moosefs,ceph,local,bindfs,memfs
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) seq_mib=64 rand_mib=32 runtime=3 reps=1 files=100 dirs=20 small=100 study=50 locks=100; shift ;;
@@ -316,6 +317,16 @@ up_bindfs() {
         bindfs "$d/src" "$d/$m"
         on_exit "fusermount -uz '$d/$m'"
     done
+}
+
+# One process serves both mounts from one tree in memory: two clients of one filesystem.
+up_memfs() {
+    local d=$tmp/memfs
+    cargo build --release --quiet --bin stoa-memfs
+    mkdir -p "$d/a" "$d/b"
+    target/release/stoa-memfs "$d/a" "$d/b" >"$d/memfs.log" 2>&1 &
+    on_exit "stop_pid $!; fusermount3 -uz '$d/a'; fusermount3 -uz '$d/b'"
+    wait_mount "$d/a" 30 && wait_mount "$d/b" 30 || { cat "$d/memfs.log" >&2; return 1; }
 }
 
 # ---- workloads ----

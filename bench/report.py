@@ -9,11 +9,11 @@ import csv
 import sys
 
 PEERS = ["gluster", "moosefs", "ceph"]
-ORDER = ["stoa", "gluster", "moosefs", "ceph", "local", "bindfs"]
+ORDER = ["stoa", "gluster", "moosefs", "ceph", "local", "bindfs", "memfs"]
 COLOURS = {"stoa": "#1f77b4", "gluster": "#d62728", "moosefs": "#2ca02c", "ceph": "#9467bd",
-           "local": "#7f7f7f", "bindfs": "#bcbd22"}
+           "local": "#7f7f7f", "bindfs": "#bcbd22", "memfs": "#17becf"}
 NAMES = {"stoa": "Stoa", "gluster": "GlusterFS", "moosefs": "MooseFS", "ceph": "CephFS",
-         "local": "local dir", "bindfs": "bindfs"}
+         "local": "local dir", "bindfs": "bindfs", "memfs": "FUSE mem"}
 
 
 def load(path):
