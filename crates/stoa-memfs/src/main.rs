@@ -30,16 +30,11 @@ fn run(mounts: &[PathBuf]) -> Result<(), String> {
     let tree = Arc::new(Mutex::new(tree::Tree::default()));
     let mut sessions = Vec::new();
     for m in mounts {
+        // On an error, the sessions already made unmount as they are dropped.
         let session = Session::new(fs::MemFs::new(tree.clone()), m, &config())
             .and_then(Session::spawn)
-            .map_err(|e| format!("mounting {}: {e}", m.display()));
-        match session {
-            Ok(s) => sessions.push(s),
-            Err(e) => {
-                unmount(mounts);
-                return Err(e);
-            }
-        }
+            .map_err(|e| format!("mounting {}: {e}", m.display()))?;
+        sessions.push(session);
     }
     let all = mounts.to_vec();
     std::thread::spawn(move || {
