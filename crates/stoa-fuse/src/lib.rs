@@ -16,7 +16,7 @@
 //! client holds a capability on them (docs/flows/caps.md): a recall drops them through
 //! FUSE notifications. Data goes through the page cache, so mmap works.
 
-mod attr;
+pub mod attr;
 mod caller;
 mod caps;
 mod dirs;

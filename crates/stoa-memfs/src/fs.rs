@@ -1,26 +1,27 @@
 //! The FUSE side: each request answered at once from the tree, on the fuser thread that
 //! read it. Several mounts may serve one tree (two "clients" of one filesystem).
 
-use crate::tree::{Change, Inode, Kind, Owner, Res, Tree};
+use crate::tree::{Owner, Res, Tree};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
-    WriteFlags,
+    Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
+use stoa_fuse::attr::{file_attr, file_type, set_time, BLOCK_SIZE_BYTES};
+use stoa_types::{FileKind, SetAttr};
 
-/// How long the kernel may keep names and attributes. Nothing changes them but the
-/// mounts themselves, and each mount's own changes update its kernel's copy.
+/// How long the kernel may keep names and attributes. No invalidation is sent, so a
+/// change made through one mount shows on the other only once this has passed: the
+/// benchmark's two clients each work on files of their own.
 const TTL: Duration = Duration::from_secs(1);
 /// The same sizes as Stoa's mount asks for, so that the two differ only in the work done.
 const MAX_WRITE_BYTES: u32 = 1 << 20;
 const MAX_READAHEAD_BYTES: u32 = 4 << 20;
-const BLOCK_BYTES: u32 = 4096;
 
 pub struct MemFs {
     tree: Arc<Mutex<Tree>>,
@@ -37,35 +38,6 @@ impl MemFs {
     }
 }
 
-fn attr(ino: u64, i: &Inode) -> FileAttr {
-    let size = i.size();
-    FileAttr {
-        ino: INodeNo(ino),
-        size,
-        blocks: size.div_ceil(512),
-        atime: i.atime,
-        mtime: i.mtime,
-        ctime: i.ctime,
-        crtime: i.ctime,
-        kind: file_type(i.kind),
-        perm: i.perm,
-        nlink: i.nlink,
-        uid: i.uid,
-        gid: i.gid,
-        rdev: 0,
-        blksize: BLOCK_BYTES,
-        flags: 0,
-    }
-}
-
-fn file_type(k: Kind) -> FileType {
-    match k {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-    }
-}
-
 fn errno(e: i32) -> Errno {
     Errno::from_i32(e)
 }
@@ -74,16 +46,9 @@ fn owner(req: &Request) -> Owner {
     Owner { uid: req.uid(), gid: req.gid() }
 }
 
-fn time(t: TimeOrNow) -> SystemTime {
-    match t {
-        TimeOrNow::Now => SystemTime::now(),
-        TimeOrNow::SpecificTime(t) => t,
-    }
-}
-
 fn reply_entry(reply: ReplyEntry, tree: &Tree, ino: Res<u64>) {
     match ino.and_then(|ino| Ok((ino, tree.get(ino)?))) {
-        Ok((ino, i)) => reply.entry(&TTL, &attr(ino, i), Generation(0)),
+        Ok((ino, i)) => reply.entry(&TTL, &file_attr(&i.attr(), ino), Generation(0)),
         Err(e) => reply.error(errno(e)),
     }
 }
@@ -114,7 +79,7 @@ impl Filesystem for MemFs {
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.tree().get(i.0) {
-            Ok(n) => reply.attr(&TTL, &attr(i.0, n)),
+            Ok(n) => reply.attr(&TTL, &file_attr(&n.attr(), i.0)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -137,23 +102,23 @@ impl Filesystem for MemFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let change = Change {
-            perm: mode.map(|m| (m & 0o7777) as u16),
+        let change = SetAttr {
+            perm: mode,
             uid,
             gid,
             size,
-            atime: atime.map(time),
-            mtime: mtime.map(time),
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
         };
-        match self.tree().set(i.0, change) {
-            Ok(n) => reply.attr(&TTL, &attr(i.0, n)),
+        match self.tree().set(i.0, &change) {
+            Ok(n) => reply.attr(&TTL, &file_attr(&n.attr(), i.0)),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
         match self.tree().get(i.0) {
-            Ok(n) if n.kind == Kind::Symlink => reply.data(&n.data),
+            Ok(n) if n.kind() == FileKind::Symlink => reply.data(&n.data),
             Ok(_) => reply.error(Errno::EINVAL),
             Err(e) => reply.error(errno(e)),
         }
@@ -168,9 +133,9 @@ impl Filesystem for MemFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let perm = (mode & !umask & 0o7777) as u16;
+        let perm = mode & !umask & 0o7777;
         let mut tree = self.tree();
-        let made = tree.make(parent.0, name.as_bytes(), Kind::Dir, perm, owner(req));
+        let made = tree.make(parent.0, name.as_bytes(), FileKind::Dir, perm, owner(req));
         reply_entry(reply, &tree, made);
     }
 
@@ -191,7 +156,7 @@ impl Filesystem for MemFs {
         reply: ReplyEntry,
     ) {
         let mut tree = self.tree();
-        let made = tree.make(parent.0, link_name.as_bytes(), Kind::Symlink, 0o777, owner(req));
+        let made = tree.make(parent.0, link_name.as_bytes(), FileKind::Symlink, 0o777, owner(req));
         let made = made.and_then(|ino| {
             tree.write(ino, 0, target.as_os_str().as_bytes())?;
             Ok(ino)
@@ -316,7 +281,9 @@ impl Filesystem for MemFs {
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.tree().get(i.0) {
-            Ok(n) if n.kind == Kind::Dir => reply.opened(FileHandle(i.0), FopenFlags::empty()),
+            Ok(n) if n.kind() == FileKind::Dir => {
+                reply.opened(FileHandle(i.0), FopenFlags::empty())
+            }
             Ok(_) => reply.error(Errno::ENOTDIR),
             Err(e) => reply.error(errno(e)),
         }
@@ -370,10 +337,10 @@ impl Filesystem for MemFs {
             return reply.error(Errno::EOPNOTSUPP);
         }
         let mut tree = self.tree();
-        let r = tree.get(i.0).map(Inode::size).and_then(|size| {
+        let r = tree.get(i.0).map(|n| n.attr().size).and_then(|size| {
             let end = offset.checked_add(length).ok_or(libc::EFBIG)?;
             if end > size {
-                tree.set(i.0, Change { size: Some(end), ..Change::default() })?;
+                tree.set(i.0, &SetAttr { size: Some(end), ..SetAttr::default() })?;
             }
             Ok(())
         });
@@ -389,9 +356,9 @@ impl Filesystem for MemFs {
             blocks,
             files,
             u64::from(u32::MAX),
-            BLOCK_BYTES,
+            BLOCK_SIZE_BYTES,
             255,
-            BLOCK_BYTES,
+            BLOCK_SIZE_BYTES,
         );
     }
 
@@ -405,9 +372,9 @@ impl Filesystem for MemFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let perm = (mode & !umask & 0o7777) as u16;
+        let perm = mode & !umask & 0o7777;
         let mut tree = self.tree();
-        let made = match tree.make(parent.0, name.as_bytes(), Kind::File, perm, owner(req)) {
+        let made = match tree.make(parent.0, name.as_bytes(), FileKind::File, perm, owner(req)) {
             // O_CREAT without O_EXCL on a name that exists: the kernel sends CREATE when
             // its cache had no entry, and the file is opened as it is.
             Err(libc::EEXIST) if flags & libc::O_EXCL == 0 => {
@@ -416,14 +383,14 @@ impl Filesystem for MemFs {
             made => made,
         };
         let made = made.and_then(|ino| {
-            if tree.get(ino)?.kind == Kind::Dir {
+            if tree.get(ino)?.kind() == FileKind::Dir {
                 return Err(libc::EISDIR);
             }
             tree.open(ino)?;
             if flags & libc::O_TRUNC != 0 {
-                tree.set(ino, Change { size: Some(0), ..Change::default() })?;
+                tree.set(ino, &SetAttr { size: Some(0), ..SetAttr::default() })?;
             }
-            Ok((ino, attr(ino, tree.get(ino)?)))
+            Ok((ino, file_attr(&tree.get(ino)?.attr(), ino)))
         });
         match made {
             Ok((ino, a)) => {

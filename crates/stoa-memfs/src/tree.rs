@@ -6,27 +6,14 @@
 //! directory); an inode leaves the map when it has no name left and no open handle.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::SystemTime;
+use stoa_types::{Attr, FileKind, InodeId, SetAttr, Timestamp};
 
 pub const ROOT: u64 = 1;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    File,
-    Dir,
-    Symlink,
-}
-
 #[derive(Clone, Debug)]
 pub struct Inode {
-    pub kind: Kind,
-    pub perm: u16,
-    pub uid: u32,
-    pub gid: u32,
-    pub nlink: u32,
-    pub atime: SystemTime,
-    pub mtime: SystemTime,
-    pub ctime: SystemTime,
+    /// Its attributes, as Stoa keeps them; the size is the data's length (`attr()`).
+    attr: Attr,
     /// A file's bytes, or a symlink's target.
     pub data: Vec<u8>,
     children: BTreeMap<Vec<u8>, u64>,
@@ -34,36 +21,37 @@ pub struct Inode {
 }
 
 impl Inode {
-    fn new(kind: Kind, perm: u16, uid: u32, gid: u32) -> Inode {
-        let now = SystemTime::now();
-        let nlink = if kind == Kind::Dir { 2 } else { 1 };
-        Inode {
+    fn new(ino: u64, kind: FileKind, perm: u32, who: Owner) -> Inode {
+        let now = Timestamp::now();
+        let attr = Attr {
+            ino: InodeId(ino),
             kind,
             perm,
-            uid,
-            gid,
-            nlink,
+            uid: who.uid,
+            gid: who.gid,
+            size: 0,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            rdev: 0,
             atime: now,
             mtime: now,
             ctime: now,
-            data: Vec::new(),
-            children: BTreeMap::new(),
-            open: 0,
-        }
+            version: 0,
+        };
+        Inode { attr, data: Vec::new(), children: BTreeMap::new(), open: 0 }
     }
 
-    pub fn size(&self) -> u64 {
-        if self.kind == Kind::Dir {
-            4096
-        } else {
-            self.data.len() as u64
-        }
+    pub fn attr(&self) -> Attr {
+        Attr { size: self.data.len() as u64, ..self.attr.clone() }
+    }
+
+    pub fn kind(&self) -> FileKind {
+        self.attr.kind
     }
 
     fn touch(&mut self) {
-        let now = SystemTime::now();
-        self.mtime = now;
-        self.ctime = now;
+        let now = Timestamp::now();
+        self.attr.mtime = now;
+        self.attr.ctime = now;
     }
 }
 
@@ -74,22 +62,11 @@ pub struct Owner {
     pub gid: u32,
 }
 
-/// What a setattr changes.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Change {
-    pub perm: Option<u16>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<SystemTime>,
-    pub mtime: Option<SystemTime>,
-}
-
 /// One name of a listing, with the position of the name after it.
 pub struct Entry {
     pub next: usize,
     pub ino: u64,
-    pub kind: Kind,
+    pub kind: FileKind,
     pub name: Vec<u8>,
 }
 
@@ -103,7 +80,7 @@ pub type Res<T> = Result<T, i32>;
 impl Default for Tree {
     fn default() -> Tree {
         let mut inodes = HashMap::new();
-        inodes.insert(ROOT, Inode::new(Kind::Dir, 0o755, 0, 0));
+        inodes.insert(ROOT, Inode::new(ROOT, FileKind::Dir, 0o755, Owner { uid: 0, gid: 0 }));
         Tree { inodes, next: ROOT + 1 }
     }
 }
@@ -119,7 +96,7 @@ impl Tree {
 
     fn dir(&self, ino: u64) -> Res<&Inode> {
         let d = self.get(ino)?;
-        if d.kind == Kind::Dir {
+        if d.kind() == FileKind::Dir {
             Ok(d)
         } else {
             Err(libc::ENOTDIR)
@@ -135,8 +112,8 @@ impl Tree {
         &mut self,
         parent: u64,
         name: &[u8],
-        kind: Kind,
-        perm: u16,
+        kind: FileKind,
+        perm: u32,
         who: Owner,
     ) -> Res<u64> {
         if self.dir(parent)?.children.contains_key(name) {
@@ -144,18 +121,18 @@ impl Tree {
         }
         let ino = self.next;
         self.next += 1;
-        self.inodes.insert(ino, Inode::new(kind, perm, who.uid, who.gid));
+        self.inodes.insert(ino, Inode::new(ino, kind, perm, who));
         let p = self.get_mut(parent)?;
         p.children.insert(name.to_vec(), ino);
-        if kind == Kind::Dir {
-            p.nlink += 1;
+        if kind == FileKind::Dir {
+            p.attr.nlink += 1;
         }
         p.touch();
         Ok(ino)
     }
 
     pub fn link(&mut self, ino: u64, parent: u64, name: &[u8]) -> Res<()> {
-        if self.get(ino)?.kind == Kind::Dir {
+        if self.get(ino)?.kind() == FileKind::Dir {
             return Err(libc::EPERM);
         }
         if self.dir(parent)?.children.contains_key(name) {
@@ -164,8 +141,8 @@ impl Tree {
         self.get_mut(parent)?.children.insert(name.to_vec(), ino);
         self.get_mut(parent)?.touch();
         let i = self.get_mut(ino)?;
-        i.nlink += 1;
-        i.ctime = SystemTime::now();
+        i.attr.nlink += 1;
+        i.attr.ctime = Timestamp::now();
         Ok(())
     }
 
@@ -173,7 +150,7 @@ impl Tree {
     pub fn remove(&mut self, parent: u64, name: &[u8], dir: bool) -> Res<()> {
         let ino = self.lookup(parent, name)?;
         let i = self.get(ino)?;
-        match (i.kind == Kind::Dir, dir) {
+        match (i.kind() == FileKind::Dir, dir) {
             (true, false) => return Err(libc::EISDIR),
             (false, true) => return Err(libc::ENOTDIR),
             (true, true) if !i.children.is_empty() => return Err(libc::ENOTEMPTY),
@@ -182,7 +159,7 @@ impl Tree {
         let p = self.get_mut(parent)?;
         p.children.remove(name);
         if dir {
-            p.nlink -= 1;
+            p.attr.nlink -= 1;
         }
         p.touch();
         self.unlinked(ino, dir);
@@ -192,9 +169,9 @@ impl Tree {
     /// One name of `ino` is gone (all of them for a directory).
     fn unlinked(&mut self, ino: u64, dir: bool) {
         let Some(i) = self.inodes.get_mut(&ino) else { return };
-        i.nlink = if dir { 0 } else { i.nlink - 1 };
-        i.ctime = SystemTime::now();
-        if i.nlink == 0 && i.open == 0 {
+        i.attr.nlink = if dir { 0 } else { i.attr.nlink - 1 };
+        i.attr.ctime = Timestamp::now();
+        if i.attr.nlink == 0 && i.open == 0 {
             self.inodes.remove(&ino);
         }
     }
@@ -210,7 +187,7 @@ impl Tree {
     ) -> Res<()> {
         let ino = self.lookup(from, name)?;
         self.dir(to)?;
-        let is_dir = self.get(ino)?.kind == Kind::Dir;
+        let is_dir = self.get(ino)?.kind() == FileKind::Dir;
         if is_dir && self.below(to, ino) {
             return Err(libc::EINVAL);
         }
@@ -221,7 +198,7 @@ impl Tree {
             if noreplace {
                 return Err(libc::EEXIST);
             }
-            let old_dir = self.get(old)?.kind == Kind::Dir;
+            let old_dir = self.get(old)?.kind() == FileKind::Dir;
             match (is_dir, old_dir) {
                 (true, false) => return Err(libc::ENOTDIR),
                 (false, true) => return Err(libc::EISDIR),
@@ -232,16 +209,16 @@ impl Tree {
         let f = self.get_mut(from)?;
         f.children.remove(name);
         if is_dir {
-            f.nlink -= 1;
+            f.attr.nlink -= 1;
         }
         f.touch();
         let t = self.get_mut(to)?;
         t.children.insert(new.to_vec(), ino);
         if is_dir {
-            t.nlink += 1;
+            t.attr.nlink += 1;
         }
         t.touch();
-        self.get_mut(ino)?.ctime = SystemTime::now();
+        self.get_mut(ino)?.attr.ctime = Timestamp::now();
         Ok(())
     }
 
@@ -266,23 +243,17 @@ impl Tree {
         }
     }
 
-    pub fn set(&mut self, ino: u64, c: Change) -> Res<&Inode> {
+    /// Applies a setattr: the size to the data, the rest as meta applies it.
+    pub fn set(&mut self, ino: u64, c: &SetAttr) -> Res<&Inode> {
         let i = self.get_mut(ino)?;
         if let Some(size) = c.size {
-            if i.kind == Kind::Dir {
+            if i.kind() == FileKind::Dir {
                 return Err(libc::EISDIR);
             }
             i.data.resize(usize::try_from(size).map_err(|_| libc::EFBIG)?, 0);
-            i.mtime = SystemTime::now();
+            i.attr.mtime = Timestamp::now();
         }
-        if let Some(p) = c.perm {
-            i.perm = p & 0o7777;
-        }
-        i.uid = c.uid.unwrap_or(i.uid);
-        i.gid = c.gid.unwrap_or(i.gid);
-        i.atime = c.atime.unwrap_or(i.atime);
-        i.mtime = c.mtime.unwrap_or(i.mtime);
-        i.ctime = SystemTime::now();
+        c.apply(&mut i.attr, Timestamp::now());
         Ok(i)
     }
 
@@ -294,7 +265,7 @@ impl Tree {
     pub fn release(&mut self, ino: u64) {
         let Some(i) = self.inodes.get_mut(&ino) else { return };
         i.open = i.open.saturating_sub(1);
-        if i.nlink == 0 && i.open == 0 {
+        if i.attr.nlink == 0 && i.open == 0 {
             self.inodes.remove(&ino);
         }
     }
@@ -327,7 +298,7 @@ impl Tree {
             .enumerate()
             .skip(from)
             .filter_map(|(at, (name, ino))| {
-                Some(Entry { next: at + 1, ino, kind: self.inodes.get(&ino)?.kind, name })
+                Some(Entry { next: at + 1, ino, kind: self.inodes.get(&ino)?.kind(), name })
             })
             .collect())
     }
@@ -346,33 +317,33 @@ mod tests {
     #[test]
     fn names_links_and_removal_keep_the_counts() {
         let mut t = Tree::default();
-        let d = t.make(ROOT, b"d", Kind::Dir, 0o755, ME).unwrap();
-        assert_eq!(t.get(ROOT).unwrap().nlink, 3);
-        let f = t.make(d, b"f", Kind::File, 0o644, ME).unwrap();
-        assert_eq!(t.make(d, b"f", Kind::File, 0o644, ME), Err(libc::EEXIST));
+        let d = t.make(ROOT, b"d", FileKind::Dir, 0o755, ME).unwrap();
+        assert_eq!(t.get(ROOT).unwrap().attr.nlink, 3);
+        let f = t.make(d, b"f", FileKind::File, 0o644, ME).unwrap();
+        assert_eq!(t.make(d, b"f", FileKind::File, 0o644, ME), Err(libc::EEXIST));
         t.link(f, ROOT, b"g").unwrap();
-        assert_eq!(t.get(f).unwrap().nlink, 2);
+        assert_eq!(t.get(f).unwrap().attr.nlink, 2);
         assert_eq!(t.remove(ROOT, b"d", true), Err(libc::ENOTEMPTY));
         assert_eq!(t.remove(d, b"f", true), Err(libc::ENOTDIR));
         t.remove(d, b"f", false).unwrap();
-        assert_eq!(t.get(f).unwrap().nlink, 1);
+        assert_eq!(t.get(f).unwrap().attr.nlink, 1);
         t.open(f).unwrap();
         t.remove(ROOT, b"g", false).unwrap();
         assert_eq!(t.read(f, 0, 10).unwrap(), b"", "an open file outlives its names");
         t.release(f);
         assert_eq!(t.get(f).err(), Some(libc::ENOENT));
         t.remove(ROOT, b"d", true).unwrap();
-        assert_eq!(t.get(ROOT).unwrap().nlink, 2);
+        assert_eq!(t.get(ROOT).unwrap().attr.nlink, 2);
         assert_eq!(t.files(), 1);
     }
 
     #[test]
     fn rename_replaces_refuses_and_moves_directories() {
         let mut t = Tree::default();
-        let a = t.make(ROOT, b"a", Kind::Dir, 0o755, ME).unwrap();
-        let b = t.make(a, b"b", Kind::Dir, 0o755, ME).unwrap();
-        let f = t.make(ROOT, b"f", Kind::File, 0o644, ME).unwrap();
-        t.make(ROOT, b"g", Kind::File, 0o644, ME).unwrap();
+        let a = t.make(ROOT, b"a", FileKind::Dir, 0o755, ME).unwrap();
+        let b = t.make(a, b"b", FileKind::Dir, 0o755, ME).unwrap();
+        let f = t.make(ROOT, b"f", FileKind::File, 0o644, ME).unwrap();
+        t.make(ROOT, b"g", FileKind::File, 0o644, ME).unwrap();
         assert_eq!(t.rename(ROOT, b"a", b, b"x", false), Err(libc::EINVAL));
         assert_eq!(t.rename(ROOT, b"f", ROOT, b"g", true), Err(libc::EEXIST));
         assert_eq!(t.rename(ROOT, b"f", ROOT, b"a", false), Err(libc::EISDIR));
@@ -380,7 +351,7 @@ mod tests {
         assert_eq!(t.lookup(ROOT, b"g"), Ok(f));
         assert_eq!(t.lookup(ROOT, b"f"), Err(libc::ENOENT));
         t.rename(a, b"b", ROOT, b"b", false).unwrap();
-        assert_eq!((t.get(a).unwrap().nlink, t.get(ROOT).unwrap().nlink), (2, 4));
+        assert_eq!((t.get(a).unwrap().attr.nlink, t.get(ROOT).unwrap().attr.nlink), (2, 4));
         let names: Vec<Vec<u8>> = t.list(ROOT, 0).unwrap().into_iter().map(|e| e.name).collect();
         assert_eq!(names, [&b"."[..], b"..", b"a", b"b", b"g"]);
         assert_eq!(t.list(ROOT, 4).unwrap()[0].name, b"g");
@@ -389,13 +360,13 @@ mod tests {
     #[test]
     fn writes_reads_and_truncates_at_any_offset() {
         let mut t = Tree::default();
-        let f = t.make(ROOT, b"f", Kind::File, 0o644, ME).unwrap();
+        let f = t.make(ROOT, b"f", FileKind::File, 0o644, ME).unwrap();
         t.write(f, 4, b"abcd").unwrap();
         assert_eq!(t.read(f, 0, 100).unwrap(), b"\0\0\0\0abcd");
         assert_eq!(t.read(f, 6, 100).unwrap(), b"cd");
         assert_eq!(t.read(f, 100, 10).unwrap(), b"");
-        t.set(f, Change { size: Some(5), ..Change::default() }).unwrap();
-        assert_eq!(t.get(f).unwrap().size(), 5);
+        t.set(f, &SetAttr { size: Some(5), ..SetAttr::default() }).unwrap();
+        assert_eq!(t.get(f).unwrap().attr().size, 5);
         assert_eq!(t.write(f, u64::MAX, b"x"), Err(libc::EFBIG));
     }
 }
