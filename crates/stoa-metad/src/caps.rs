@@ -19,6 +19,7 @@
 //! leader's term) or most of a lease has passed, and grants nothing and answers no
 //! mutation meanwhile.
 
+use crate::busy_dirs::BusyDirs;
 use crate::raft::Role;
 use crate::service::Node;
 use std::collections::HashMap;
@@ -117,6 +118,8 @@ struct State {
     /// Directories a mutation is changing now, with how many: none of them is taken
     /// exclusively meanwhile (see [`CapTable::take_dir`]).
     changing: HashMap<InodeId, u32>,
+    /// Directories granted to nobody for a while (busy_dirs.rs).
+    busy: BusyDirs,
 }
 
 /// The leader's caps. Restarted with every term.
@@ -138,6 +141,7 @@ impl Default for CapTable {
             waits: Vec::new(),
             next_wait: 0,
             changing: HashMap::new(),
+            busy: BusyDirs::default(),
         };
         CapTable { state: Mutex::new(state), released: Notify::new() }
     }
@@ -195,6 +199,7 @@ impl CapTable {
         s.grace = true;
         s.inodes.clear();
         s.streams.clear();
+        s.busy = BusyDirs::default();
         drop(s);
         self.released.notify_waiters();
     }
@@ -237,7 +242,7 @@ impl CapTable {
     /// itself too.
     fn take_dir(&self, session: SessionId, ino: InodeId) -> Option<u64> {
         let mut s = self.lock();
-        if s.changing.contains_key(&ino) {
+        if s.changing.contains_key(&ino) || s.busy.uncapped(session, ino, Instant::now()) {
             return None;
         }
         s.try_register(session, ino, CapMode::Exclusive).ok()
@@ -251,6 +256,24 @@ impl CapTable {
             *s.changing.entry(*dir).or_insert(0) += 1;
         }
         Changing { table: self, dirs: dirs.to_vec() }
+    }
+
+    /// Notes that `session` changes the directories `dirs`, which may make them busy
+    /// (busy_dirs.rs).
+    pub fn note_change(&self, session: SessionId, dirs: &[InodeId]) {
+        let mut s = self.lock();
+        let now = Instant::now();
+        for &dir in dirs {
+            let holders = s.inodes.get(&dir).into_iter().flat_map(HashMap::keys);
+            let others: Vec<SessionId> = holders.filter(|&&o| o != session).copied().collect();
+            s.busy.changed(session, dir, &others, now);
+        }
+    }
+
+    /// Notes that `session` asks for a shared cap on `ino`; whether it is a busy
+    /// directory, answered without a grant (busy_dirs.rs).
+    fn uncapped(&self, session: SessionId, ino: InodeId) -> bool {
+        self.lock().busy.uncapped(session, ino, Instant::now())
     }
 
     /// Records `session` as the exclusive holder of inodes it created itself (a batch):
@@ -755,15 +778,26 @@ pub(crate) async fn get_caps(
     // the kernel), or on the directory it looks a name up in.
     let waiter = Waiter { session, works_on: &[ino], refusable: true };
     let Some(name) = name else {
+        // The attributes of a busy directory, with no grant (sequence 0).
+        if mode == CapMode::Shared && node.caps.uncapped(session, ino) {
+            node.raft.linearize().await?;
+            let (attr, xattrs) = node.raft.read(move |kv| attr_and_xattrs(kv, ino)).await?;
+            return Ok(MetaResponse::Caps {
+                attr,
+                mode,
+                seq: 0,
+                dir_seq: 0,
+                dir_version: 0,
+                xattrs,
+            });
+        }
         let seq = grant(node, waiter, ino, mode).await?;
         node.raft.linearize().await?;
         let read = node.raft.read(move |kv| attr_and_xattrs(kv, ino)).await;
         let (attr, mode, xattrs) = granted(node, session, CapRef { ino, seq }, mode, read)?;
         return Ok(MetaResponse::Caps { attr, mode, seq, dir_seq: 0, dir_version: 0, xattrs });
     };
-    // The directory's entries: Shared never conflicts on a directory, which is never
-    // granted Exclusive.
-    let dir_seq = grant(node, waiter, ino, CapMode::Shared).await?;
+    let dir_seq = dir_grant(node, waiter, ino).await?;
     let first = {
         let name = name.clone();
         node.raft.read(move |kv| child(kv, ino, &name)).await
@@ -796,6 +830,15 @@ pub(crate) async fn get_caps(
     }
     // The name kept naming another inode: the kernel looks it up again.
     Err(FsError::Stale)
+}
+
+/// The grant of a lookup's directory `dir` (its entries), or 0 (none) when it is busy.
+/// Shared never conflicts on a directory, which is never granted Exclusive.
+async fn dir_grant(node: &Node, waiter: Waiter<'_>, dir: InodeId) -> Result<u64, FsError> {
+    match node.caps.uncapped(waiter.session, dir) {
+        true => Ok(0),
+        false => grant(node, waiter, dir, CapMode::Shared).await,
+    }
 }
 
 /// How many times a lookup picks the child to register a grant on before it gives up.
@@ -870,7 +913,7 @@ pub(crate) async fn get_caps_many(
     }
     await_grace(node).await?;
     let waiter = Waiter { session, works_on: &[dir], refusable: true };
-    let dir_seq = grant(node, waiter, dir, CapMode::Shared).await?;
+    let dir_seq = dir_grant(node, waiter, dir).await?;
     let names = Arc::new(names);
     let picks = {
         let names = names.clone();

@@ -17,6 +17,7 @@
 //! leader alone judges chunk-server liveness and session leases and collects garbage. The `stoa`
 //! binary calls [`run`].
 
+mod busy_dirs;
 mod caps;
 mod datadir;
 mod error;

@@ -197,6 +197,7 @@ impl Node {
             caps::await_grace(self).await?;
         }
         let _changing_found = self.caps.changing(&touched.dirs);
+        self.caps.note_change(session, &touched.dirs);
         caps::recall_exclusive(self, session, &touched.inodes).await?;
         if let MetaOp::Batch { ops } = &req.op {
             let created = ops.iter().filter_map(|op| match op {

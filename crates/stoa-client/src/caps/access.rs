@@ -149,14 +149,20 @@ impl Client {
     /// The attributes of `ino`, from the cache under a cap or from a new grant, with the
     /// TTL the kernel may keep them and a pin to hold until the kernel has them.
     pub async fn getattr_cached(&self, ino: InodeId) -> Result<(Attr, Duration, Pinned), FsError> {
-        if self.sh.caps.cached_attr(ino).is_none() {
-            self.acquire(ino, None, CapMode::Shared).await?;
-        }
+        let fresh = match self.sh.caps.cached_attr(ino) {
+            Some(_) => None,
+            None => Some(self.acquire(ino, None, CapMode::Shared).await?.0),
+        };
         let pin = self.pin(&[ino]).await;
-        match self.sh.caps.cached_attr(ino) {
-            Some((attr, ttl)) => Ok((self.adjust(attr), ttl, pin)),
-            None => {
-                // Recalled as soon as it came: answer from meta, cache nothing.
+        match (self.sh.caps.cached_attr(ino), fresh) {
+            (Some((attr, ttl)), _) => Ok((self.adjust(attr), ttl, pin)),
+            // Not cached (recalled as soon as it came, or a busy directory the leader
+            // granted nobody): the answer's attributes, for this call only.
+            (None, Some(attr)) => {
+                drop(pin);
+                Ok((self.newest(attr, false).await?, Duration::ZERO, Pinned::none()))
+            }
+            (None, None) => {
                 drop(pin);
                 let attr = self.sh.session.call_attr(MetaOp::GetAttr { ino }).await?;
                 Ok((self.newest(attr, false).await?, Duration::ZERO, Pinned::none()))
