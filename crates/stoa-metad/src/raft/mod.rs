@@ -126,6 +126,8 @@ pub(crate) struct MetaRaft {
     contacts: Arc<Contacts>,
     /// When an AppendEntries from a leader was last accepted.
     heard_leader: Mutex<Option<Instant>>,
+    /// When this replica started.
+    started: Instant,
     tuning: Tuning,
     /// Fires when the store has been closed, after shutdown.
     closed: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
@@ -215,6 +217,7 @@ impl MetaRaft {
             cluster,
             contacts,
             heard_leader: Mutex::new(None),
+            started: Instant::now(),
             tuning,
             closed: Mutex::new(Some(closed)),
         })
@@ -252,13 +255,67 @@ impl MetaRaft {
     }
 
     /// Waits until this replica, as leader, has applied everything committed before the
-    /// call (Raft ReadIndex), so that a read afterwards is linearizable.
+    /// call, so that a read afterwards is linearizable: at once under the leader's lease
+    /// ([`MetaRaft::lease_index`]), otherwise after a quorum confirmed that this replica
+    /// still leads (Raft ReadIndex).
     pub async fn linearize(&self) -> Result<(), FsError> {
+        if let Some(index) = self.lease_index() {
+            let wait = self.raft.wait(None);
+            let applied = wait.applied_index_at_least(Some(index), "lease read");
+            return match self.while_leading(applied).await? {
+                Ok(_) => Ok(()),
+                Err(e) => Err(FsError::Unavailable(format!("waiting to apply: {e}"))),
+            };
+        }
         match self.while_leading(self.raft.ensure_linearizable()).await? {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
             Err(e) => Err(unavailable(e)),
         }
+    }
+
+    /// On the leader, while its lease holds: the commit index a linearizable read must
+    /// wait for, with no round to the followers.
+    ///
+    /// A follower that accepted an AppendEntries refuses to vote for anyone else for
+    /// `election_timeout_max` after it took it, and starts no election of its own before
+    /// `election_timeout_min` (openraft's leader lease), and a replica refuses votes for
+    /// `election_timeout_max` after it starts ([`MetaRaft::handle`]), since a restart
+    /// forgets the lease. So while a quorum of voters (this replica among them) accepted
+    /// AppendEntries sent within the last [`MetaRaft::lease`], which is half of
+    /// `election_timeout_min`, no other replica can have been elected, and every change
+    /// answered to a client was committed by this leader: once this replica has applied
+    /// what it knows committed, in its own term (its first entry is in it), a read sees
+    /// every change answered before. `None`: no such quorum, not leading, or a membership
+    /// change under way (two voter sets); the caller asks a quorum instead.
+    pub(crate) fn lease_index(&self) -> Option<u64> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader || m.current_leader != Some(m.id) {
+            return None;
+        }
+        let membership = m.membership_config.membership();
+        if membership.get_joint_config().len() != 1 {
+            return None;
+        }
+        let committed = self.log.committed()?;
+        if committed.leader_id.term != m.current_term {
+            return None;
+        }
+        let lease = self.lease();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let within = |id: &u64| {
+            *id == m.id
+                || self.contacts.accepted_since(*id, m.current_term).is_some_and(|d| d < lease)
+        };
+        (voters.iter().filter(|id| within(id)).count() * 2 > voters.len())
+            .then_some(committed.index)
+    }
+
+    /// How long after a quorum accepted an AppendEntries sent at some instant the leader
+    /// still reads under its lease: half of the shortest election timeout, for any drift
+    /// between the replicas' clocks.
+    pub(crate) fn lease(&self) -> Duration {
+        Duration::from_millis(self.tuning.election_timeout_min_ms / 2)
     }
 
     /// On the leader: the commit index a linearizable read must wait for, after a quorum
@@ -484,7 +541,14 @@ impl MetaRaft {
                 }
                 codec::encode(&result)
             }
-            RaftRequest::Vote(bytes) => codec::encode(&self.raft.vote(self.open(&bytes)?).await),
+            RaftRequest::Vote(bytes) => {
+                let vote = self.open(&bytes)?;
+                // A restarted replica has forgotten the lease it gave the leader it knew
+                // (see `lease_index`): it votes only once that lease would have run out.
+                let lease_over = self.started + self.election_timeout();
+                tokio::time::sleep_until(lease_over.into()).await;
+                codec::encode(&self.raft.vote(vote).await)
+            }
             RaftRequest::InstallSnapshot(bytes) => {
                 codec::encode(&self.raft.install_snapshot(self.open(&bytes)?).await)
             }
@@ -570,6 +634,15 @@ mod tests {
         // Same cluster, or a new replica that does not know its cluster yet: served.
         raft.handle(vote_from(Some(ClusterId(1)))).await.unwrap();
         raft.handle(vote_from(None)).await.unwrap();
+        raft.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_replica_votes_only_once_a_lease_it_may_have_given_before_it_started_ran_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let raft = lone_replica(dir.path()).await;
+        raft.handle(vote_from(None)).await.unwrap();
+        assert!(raft.started.elapsed() >= raft.election_timeout());
         raft.shutdown().await;
     }
 

@@ -36,10 +36,13 @@ pub(crate) struct Envelope<T> {
 }
 
 /// When each peer last answered a Raft call: the leader talks to every voter at least
-/// every heartbeat, so this tells which voters are up without extra traffic.
+/// every heartbeat, so this tells which voters are up without extra traffic. And, for
+/// the leader's lease (`MetaRaft::lease_index`), when the newest AppendEntries each peer
+/// accepted was sent, and in which term.
 #[derive(Debug, Default)]
 pub(crate) struct Contacts {
     last_ok: Mutex<HashMap<u64, Instant>>,
+    accepted: Mutex<HashMap<u64, (u64, Instant)>>,
 }
 
 impl Contacts {
@@ -50,6 +53,23 @@ impl Contacts {
     /// How long ago `peer` last answered, if it ever did.
     pub fn since(&self, peer: u64) -> Option<Duration> {
         self.last_ok.lock().expect("contacts lock poisoned").get(&peer).map(|t| t.elapsed())
+    }
+
+    /// Notes that `peer` accepted an AppendEntries of this replica as leader of `term`,
+    /// sent at `sent`: it took it after `sent`, so it refuses to vote for another
+    /// replica until an election timeout after that.
+    fn accepted(&self, peer: u64, term: u64, sent: Instant) {
+        let mut accepted = self.accepted.lock().expect("contacts lock poisoned");
+        let newer = accepted.get(&peer).is_none_or(|&(t, at)| (t, at) < (term, sent));
+        if newer {
+            accepted.insert(peer, (term, sent));
+        }
+    }
+
+    /// How long ago the newest AppendEntries of `term` that `peer` accepted was sent.
+    pub fn accepted_since(&self, peer: u64, term: u64) -> Option<Duration> {
+        let accepted = self.accepted.lock().expect("contacts lock poisoned");
+        accepted.get(&peer).filter(|(t, _)| *t == term).map(|(_, sent)| sent.elapsed())
     }
 }
 
@@ -147,7 +167,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<u64>, openraft::error::Infallible> {
-        self.call(RaftRequest::AppendEntries, rpc, &option).await
+        let (sent, term) = (Instant::now(), rpc.vote.leader_id().term);
+        let answer = self.call(RaftRequest::AppendEntries, rpc, &option).await;
+        // Every answer but a higher vote means the peer took this replica's vote, and
+        // renewed its lease of it, before it looked at the entries.
+        if matches!(answer, Ok(ref a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+            self.net.contacts.accepted(self.target, term, sent);
+        }
+        answer
     }
 
     async fn install_snapshot(

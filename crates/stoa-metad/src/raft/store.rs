@@ -312,6 +312,11 @@ impl LogStore {
         })
     }
 
+    /// The newest entry this replica knows to be committed.
+    pub fn committed(&self) -> Option<LogId<u64>> {
+        self.mem().committed
+    }
+
     fn mem(&self) -> std::sync::MutexGuard<'_, LogMem> {
         self.shared.mem.lock().expect("raft log lock poisoned")
     }

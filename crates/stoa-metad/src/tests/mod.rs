@@ -267,6 +267,36 @@ async fn a_leader_without_a_quorum_stops_acting_as_leader() {
     cluster.leader().await;
 }
 
+/// Reads under the leader's lease (`MetaRaft::lease_index`) skip the round to the
+/// followers, so they must stop as soon as the followers may have stopped listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_reads_under_its_lease_only_while_a_quorum_accepts_it() {
+    let mut cluster = Cluster::start(3, test_tuning()).await;
+    let leader = cluster.leader().await;
+    let client = cluster.client(leader);
+    let session = open_session(&client).await;
+    create(&client, session, 1, "f").await;
+    let node = cluster.server(leader).node.clone();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while node.raft.lease_index().is_none() {
+        assert!(Instant::now() < deadline, "no lease: {:?}", node.raft.view());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(node.raft.lease_index() >= Some(node.raft.view().last_applied - 1));
+    node.raft.linearize().await.unwrap();
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    for &i in &followers {
+        cluster.stop(i).await;
+    }
+    // Nothing sent from now on can be accepted: the lease ends within its length.
+    tokio::time::sleep(node.raft.lease()).await;
+    assert_eq!(node.raft.lease_index(), None);
+    let read = tokio::time::timeout(Duration::from_secs(10), node.raft.linearize()).await;
+    assert!(matches!(read, Ok(Err(_))), "a read without a quorum: {read:?}");
+    cluster.restart(followers[0]).await;
+    cluster.leader().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_replica_keeps_its_state() {
     let mut cluster = Cluster::start(1, test_tuning()).await;
