@@ -213,15 +213,24 @@ impl Client {
 
     /// Forgets what this client cached of `inodes`, of the names `names`, and of the
     /// inodes those names led to: this client just changed them (other clients' caches
-    /// are recalled by meta).
+    /// are recalled by meta). A name looked up while its directory was held by nobody
+    /// is not cached, but the inode found there is known
+    /// ([`crate::caps::Caps::reached_by`]).
     fn forget_names(&self, inodes: &[InodeId], names: &[(InodeId, &[u8])]) {
         let mut all = inodes.to_vec();
-        let children: Vec<InodeId> =
-            names.iter().filter_map(|(p, n)| self.sh.caps.cached_name(*p, n)).collect();
-        if children.len() < names.len() {
+        let mut unknown = false;
+        for (parent, name) in names {
+            match self.sh.caps.cached_name(*parent, name) {
+                Some(child) => all.push(child),
+                None => {
+                    unknown = true;
+                    all.extend(self.sh.caps.reached_by(*parent, name));
+                }
+            }
+        }
+        if unknown {
             self.sh.caps.forget_linked();
         }
-        all.extend(children);
         self.sh.caps.forget(&all, names);
     }
 

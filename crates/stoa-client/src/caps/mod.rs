@@ -74,6 +74,8 @@ const BUSY_DIR_FOR: Duration = Duration::from_secs(10);
 /// The recalled sequence of a cap this client dropped on its own and has not told the
 /// leader of yet: above every grant, so none is cached until the telling.
 const UNTOLD: u64 = u64::MAX;
+/// How many names in directories held by nobody one inode keeps ([`Held::reached`]).
+const REACHED_MAX: usize = 16;
 
 /// The longest a grant call may wait for its answer: a lease (a dead holder blocks it
 /// that long) and [`GRANT_TIMEOUT_EXTRA`].
@@ -114,6 +116,12 @@ struct Held {
     xattrs: Option<Xattrs>,
     /// Names looked up in this directory under the cap, and their inodes.
     names: HashMap<Vec<u8>, InodeId>,
+    /// Names a lookup found this inode at in directories this client held no cap on (a
+    /// busy directory, granted to nobody): a removal of one of them through meta
+    /// forgets the attributes here, which no recall does for this client's own change
+    /// (`namespace.rs`, `forget_names`). At most [`REACHED_MAX`]; past that the
+    /// attributes are not kept.
+    reached: Vec<(InodeId, Vec<u8>)>,
     /// Whether the kernel may cache one of `names` past this moment: one was handed to
     /// it with a TTL, or the kernel moved a cached entry here in a rename. Only then
     /// does dropping the cap invalidate the names in the kernel, which waits for the
@@ -253,6 +261,24 @@ impl Table {
     /// still be reached by inode (a handle opened from a name the kernel had cached, or
     /// a create that found the name just before the removal), and its next grant must
     /// be cached.
+    /// Notes that a lookup found held inode `ino` at `name` in `parent`, which this client
+    /// holds no cap on ([`Held::reached`]).
+    fn reached_at(&mut self, ino: InodeId, parent: InodeId, name: &[u8]) {
+        let Some(h) = self.held.get(&ino) else { return };
+        if h.reached.iter().any(|(p, n)| *p == parent && n == name) {
+            return;
+        }
+        let full = h.reached.len() >= REACHED_MAX;
+        let now = if full { self.next_forget() } else { 0 };
+        let h = self.held.get_mut(&ino).expect("held, looked at above");
+        if full {
+            h.reached.clear();
+            h.forget_attr(now);
+        } else {
+            h.reached.push((parent, name.to_vec()));
+        }
+    }
+
     fn drop_own(&mut self, ino: InodeId) {
         if self.unhold(ino).is_some() {
             self.recalled.insert(ino, (UNTOLD, Instant::now()));
@@ -767,12 +793,13 @@ impl Caps {
         self.lock().gates.entry(ino).or_default().clone()
     }
 
-    /// Stores a grant unless a recall already named it. Returns whether it was stored.
+    /// Stores a grant unless a recall already named it, or it is none (sequence 0: the
+    /// leader granted nobody the inode, a busy directory). Returns whether it was stored.
     fn store(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
         let mut t = self.lock();
         let mut stored = false;
         let (used, linked, ino) = (t.tick, t.linked, grant.attr.ino);
-        if !t.late(ino, grant.seq, grant.sent) {
+        if grant.seq != 0 && !t.late(ino, grant.seq, grant.sent) {
             let since = grant.attr.version;
             let h =
                 t.hold(ino, || Held { mode: grant.mode, seq: grant.seq, since, ..empty_held() });
@@ -787,15 +814,25 @@ impl Caps {
             stored = true;
         }
         if let Some((parent, name)) = dir {
-            if stored && !t.late(parent, grant.dir_seq, grant.sent) {
+            if stored && grant.dir_seq != 0 && !t.late(parent, grant.dir_seq, grant.sent) {
                 let held = Held { seq: grant.dir_seq, since: grant.dir_version, ..empty_held() };
                 let h = t.held.entry(parent).or_insert(held);
                 h.seq = h.seq.max(grant.dir_seq);
                 h.used = used;
                 h.names.insert(name.to_vec(), grant.attr.ino);
+            } else if stored {
+                t.reached_at(ino, parent, name);
             }
         }
         stored
+    }
+
+    /// The inodes held here that a lookup found at `name` in `parent` while this client
+    /// held no cap on `parent` ([`Held::reached`]).
+    pub fn reached_by(&self, parent: InodeId, name: &[u8]) -> Vec<InodeId> {
+        let t = self.lock();
+        let at = |h: &Held| h.reached.iter().any(|(p, n)| *p == parent && n == name);
+        t.held.iter().filter(|(_, h)| at(h)).map(|(&ino, _)| ino).collect()
     }
 
     /// The newest leader term known, and every cap held for the events stream to carry
@@ -975,6 +1012,7 @@ fn empty_held() -> Held {
         attr: None,
         xattrs: None,
         names: HashMap::new(),
+        reached: Vec::new(),
         kernel_names: false,
         kernel_missing: false,
         listing: None,
@@ -1125,6 +1163,27 @@ mod tests {
         looked_up(&caps, b"n1", InodeId(3), cap_seq(1, 5), cap_seq(1, 6));
         assert!(caps.begin_recall(CapRef { ino: DIR, seq: cap_seq(1, 2) }).is_none());
         assert_eq!(caps.cached_name(DIR, b"n1"), Some(InodeId(3)));
+    }
+
+    /// A lookup in a busy directory (answered with no grant of it) caches no name, but
+    /// the inode it found remembers where, so that removing that name here forgets it.
+    #[test]
+    fn a_name_found_in_a_directory_held_by_nobody_leads_back_to_its_inode() {
+        let caps = Caps::new(16);
+        caps.renewed(Instant::now(), Duration::from_secs(10));
+        looked_up(&caps, b"c", InodeId(5), cap_seq(1, 1), 0);
+        assert_eq!(caps.cached_name(DIR, b"c"), None, "no grant of the directory");
+        assert!(caps.cached_attr(InodeId(5)).is_some());
+        assert_eq!(caps.reached_by(DIR, b"c"), vec![InodeId(5)]);
+        assert!(caps.reached_by(DIR, b"d").is_empty());
+        // Past the bound, the inode keeps no attributes instead of more names.
+        for i in 1..REACHED_MAX {
+            looked_up(&caps, format!("link{i}").as_bytes(), InodeId(5), cap_seq(1, 1), 0);
+        }
+        assert!(caps.cached_attr(InodeId(5)).is_some());
+        looked_up(&caps, b"one-more", InodeId(5), cap_seq(1, 1), 0);
+        assert!(caps.cached_attr(InodeId(5)).is_none());
+        assert!(caps.reached_by(DIR, b"c").is_empty());
     }
 
     /// Two mounts changing one directory: once a recall dropped names the kernel cached
