@@ -19,7 +19,7 @@
 //! leader's term) or most of a lease has passed, and grants nothing and answers no
 //! mutation meanwhile.
 
-use crate::busy_dirs::BusyDirs;
+use crate::contended::ContendedDirs;
 use crate::raft::Role;
 use crate::service::Node;
 use std::collections::HashMap;
@@ -118,8 +118,8 @@ struct State {
     /// Directories a mutation is changing now, with how many: none of them is taken
     /// exclusively meanwhile (see [`CapTable::take_dir`]).
     changing: HashMap<InodeId, u32>,
-    /// Directories granted to nobody for a while (busy_dirs.rs).
-    busy: BusyDirs,
+    /// Directories granted to nobody for a while (contended.rs).
+    contended: ContendedDirs,
 }
 
 /// The leader's caps. Restarted with every term.
@@ -141,7 +141,7 @@ impl Default for CapTable {
             waits: Vec::new(),
             next_wait: 0,
             changing: HashMap::new(),
-            busy: BusyDirs::default(),
+            contended: ContendedDirs::default(),
         };
         CapTable { state: Mutex::new(state), released: Notify::new() }
     }
@@ -199,7 +199,7 @@ impl CapTable {
         s.grace = true;
         s.inodes.clear();
         s.streams.clear();
-        s.busy = BusyDirs::default();
+        s.contended = ContendedDirs::default();
         drop(s);
         self.released.notify_waiters();
     }
@@ -242,7 +242,7 @@ impl CapTable {
     /// itself too.
     fn take_dir(&self, session: SessionId, ino: InodeId) -> Option<u64> {
         let mut s = self.lock();
-        if s.changing.contains_key(&ino) || s.busy.uncapped(session, ino, Instant::now()) {
+        if s.changing.contains_key(&ino) || s.contended.uncapped(session, ino, Instant::now()) {
             return None;
         }
         s.try_register(session, ino, CapMode::Exclusive).ok()
@@ -258,22 +258,22 @@ impl CapTable {
         Changing { table: self, dirs: dirs.to_vec() }
     }
 
-    /// Notes that `session` changes the directories `dirs`, which may make them busy
-    /// (busy_dirs.rs).
+    /// Notes that `session` changes the directories `dirs`, which may make them contended
+    /// (contended.rs).
     pub fn note_change(&self, session: SessionId, dirs: &[InodeId]) {
         let mut s = self.lock();
         let now = Instant::now();
         for &dir in dirs {
             let holders = s.inodes.get(&dir).into_iter().flat_map(HashMap::keys);
             let others: Vec<SessionId> = holders.filter(|&&o| o != session).copied().collect();
-            s.busy.changed(session, dir, &others, now);
+            s.contended.changed(session, dir, &others, now);
         }
     }
 
-    /// Notes that `session` asks for a shared cap on `ino`; whether it is a busy
-    /// directory, answered without a grant (busy_dirs.rs).
+    /// Notes that `session` asks for a shared cap on `ino`; whether it is a contended
+    /// directory, answered without a grant (contended.rs).
     fn uncapped(&self, session: SessionId, ino: InodeId) -> bool {
-        self.lock().busy.uncapped(session, ino, Instant::now())
+        self.lock().contended.uncapped(session, ino, Instant::now())
     }
 
     /// Records `session` as the exclusive holder of inodes it created itself (a batch):
@@ -778,7 +778,7 @@ pub(crate) async fn get_caps(
     // the kernel), or on the directory it looks a name up in.
     let waiter = Waiter { session, works_on: &[ino], refusable: true };
     let Some(name) = name else {
-        // The attributes of a busy directory, with no grant (sequence 0).
+        // The attributes of a contended directory, with no grant (sequence 0).
         if mode == CapMode::Shared && node.caps.uncapped(session, ino) {
             node.raft.linearize().await?;
             let (attr, xattrs) = node.raft.read(move |kv| attr_and_xattrs(kv, ino)).await?;
@@ -832,7 +832,7 @@ pub(crate) async fn get_caps(
     Err(FsError::Stale)
 }
 
-/// The grant of a lookup's directory `dir` (its entries), or 0 (none) when it is busy.
+/// The grant of a lookup's directory `dir` (its entries), or 0 (none) when it is contended.
 /// Shared never conflicts on a directory, which is never granted Exclusive.
 async fn dir_grant(node: &Node, waiter: Waiter<'_>, dir: InodeId) -> Result<u64, FsError> {
     match node.caps.uncapped(waiter.session, dir) {

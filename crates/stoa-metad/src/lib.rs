@@ -17,8 +17,8 @@
 //! leader alone judges chunk-server liveness and session leases and collects garbage. The `stoa`
 //! binary calls [`run`].
 
-mod busy_dirs;
 mod caps;
+mod contended;
 mod datadir;
 mod error;
 mod leader;

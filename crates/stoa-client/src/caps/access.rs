@@ -156,8 +156,8 @@ impl Client {
         let pin = self.pin(&[ino]).await;
         match (self.sh.caps.cached_attr(ino), fresh) {
             (Some((attr, ttl)), _) => Ok((self.adjust(attr), ttl, pin)),
-            // Not cached (recalled as soon as it came, or a busy directory the leader
-            // granted nobody): the answer's attributes, for this call only.
+            // Not cached (recalled as soon as it came, or a contended directory the
+            // leader granted nobody): the answer's attributes, for this call only.
             (None, Some(attr)) => {
                 drop(pin);
                 Ok((self.newest(attr, false).await?, Duration::ZERO, Pinned::none()))

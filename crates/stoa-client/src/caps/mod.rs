@@ -117,7 +117,7 @@ struct Held {
     /// Names looked up in this directory under the cap, and their inodes.
     names: HashMap<Vec<u8>, InodeId>,
     /// Names a lookup found this inode at in directories this client held no cap on (a
-    /// busy directory, granted to nobody): a removal of one of them through meta
+    /// contended directory, granted to nobody): a removal of one of them through meta
     /// forgets the attributes here, which no recall does for this client's own change
     /// (`namespace.rs`, `forget_names`). At most [`REACHED_MAX`]; past that the
     /// attributes are not kept.
@@ -1165,7 +1165,7 @@ mod tests {
         assert_eq!(caps.cached_name(DIR, b"n1"), Some(InodeId(3)));
     }
 
-    /// A lookup in a busy directory (answered with no grant of it) caches no name, but
+    /// A lookup in a contended directory (answered with no grant of it) caches no name, but
     /// the inode it found remembers where, so that removing that name here forgets it.
     #[test]
     fn a_name_found_in_a_directory_held_by_nobody_leads_back_to_its_inode() {
