@@ -325,6 +325,9 @@ impl MetaRaft {
     ///
     /// [`linearize`]: MetaRaft::linearize
     pub async fn read_index(&self) -> Result<u64, FsError> {
+        if let Some(index) = self.lease_index() {
+            return Ok(index);
+        }
         match self.while_leading(self.raft.get_read_log_id()).await? {
             Ok((read, _applied)) => Ok(read.map_or(0, |l| l.index)),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
