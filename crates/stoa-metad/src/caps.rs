@@ -759,13 +759,14 @@ async fn grant_all(
 /// Answers `GetCaps`: the grant, and the attributes read after it was registered.
 ///
 /// A lookup registers two grants: `Shared` on the directory (none on a contended one,
-/// see contended.rs), then `mode` on the child it names. Both are registered before one linearizable read confirms what the caller is
-/// told (invariant 3): the child is picked by a first, unconfirmed read of the name, and
-/// picked again if the confirmed read names another inode (the name changed in
-/// between). A grant registered on a wrong pick stays registered: the session is then
-/// recalled once for a cap it does not have, which it acks, and nothing is lost. Before,
-/// the directory's grant was confirmed by a linearizable read of its own (a quorum round
-/// trip more per cold lookup).
+/// see contended.rs), then `mode` on the child it names. Both are registered before
+/// one linearizable read confirms what the caller is told (invariant 3): the child is
+/// picked by a first, unconfirmed read of the name, and picked again if the confirmed
+/// read names another inode (the name changed in between). A grant registered on a
+/// wrong pick stays registered: the session is then recalled once for a cap it does not
+/// have, which it acks, and nothing is lost. Before, the directory's grant was
+/// confirmed by a linearizable read of its own (a quorum round trip more per cold
+/// lookup).
 pub(crate) async fn get_caps(
     node: &Node,
     session: SessionId,

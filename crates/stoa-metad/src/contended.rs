@@ -7,14 +7,15 @@
 //! answered; the holder's next lookup takes it again. With two mounts working in one
 //! directory, each change so waited for a recall, and each lookup for a new grant:
 //! 140-250 creates a second together, against 5,000 and more in directories of their
-//! own. In a contended directory each lookup goes to meta instead, and a change waits only
-//! for its Raft round.
+//! own. In a contended directory each lookup goes to meta instead, and a change waits
+//! only for its Raft round.
 //!
 //! ```text
-//!  change of dir by S, others hold caps on it --> contended: S and the holders use it now
-//!  change or cap asked on a contended dir by S     --> S uses it now
-//!  cap asked on a contended dir: changed within CONTENDED_FOR, and 2+ sessions used it within
-//!      CONTENDED_FOR --> answered without a grant; otherwise no longer contended --> granted
+//!  change of dir by S, others hold caps --> contended: S and the holders use it now
+//!  change or cap asked on it by S       --> S uses it now
+//!  cap asked on it: changed, and used by 2+ sessions, within CONTENDED_FOR
+//!      yes --> answered without a grant
+//!      no  --> no longer contended --> granted
 //! ```
 //!
 //! Invariant: being contended only decides whether a new grant of the directory is
