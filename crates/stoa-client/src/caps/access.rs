@@ -10,8 +10,19 @@ pub(crate) enum Access {
     /// is held.
     Capped { _gate: OwnedRwLockReadGuard<()>, cap: u64 },
     /// The inode is being recalled: go ahead without caching; the recall counts the
-    /// operation until this is dropped.
-    Uncapped { _counted: UncappedGuard },
+    /// operation until this is dropped. Or (`None`) the leader granted it to nobody (a
+    /// contended directory, which nobody holds exclusively): nothing to count.
+    Uncapped { _counted: Option<UncappedGuard> },
+}
+
+/// What became of a grant a call brought.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kept {
+    Cached,
+    /// Not cached: recalled or dropped meanwhile, or from an older leader.
+    Late,
+    /// There was none: the leader granted the inode to nobody (sequence 0).
+    Ungranted,
 }
 
 /// Counts one uncapped operation of a recalled inode until dropped.
@@ -71,13 +82,13 @@ impl Client {
 
     /// Asks the leader for `mode` on `ino` (or, with `name`, on the child `name` of
     /// directory `ino`) and caches the answer if it was not recalled meanwhile.
-    /// Returns the attributes and whether they may be cached.
+    /// Returns the attributes and what became of the grant.
     pub(crate) async fn acquire(
         &self,
         ino: InodeId,
         name: Option<&[u8]>,
         mode: CapMode,
-    ) -> Result<(Attr, bool), FsError> {
+    ) -> Result<(Attr, Kept), FsError> {
         let op = MetaOp::GetCaps { ino, name: name.map(<[u8]>::to_vec), mode };
         let grant = match self.call_grant(op).await? {
             (MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs }, sent) => {
@@ -85,8 +96,12 @@ impl Client {
             }
             (other, _) => return Err(unexpected("GetCaps", &other)),
         };
-        let stored = self.keep(&grant, name.map(|n| (ino, n)));
-        Ok((grant.attr, stored))
+        let kept = match self.keep(&grant, name.map(|n| (ino, n))) {
+            _ if grant.seq == 0 => Kept::Ungranted,
+            true => Kept::Cached,
+            false => Kept::Late,
+        };
+        Ok((grant.attr, kept))
     }
 
     /// Sends a grant call to the leader, whose answer renews the session's caps. Returns
@@ -242,7 +257,7 @@ impl Client {
                 if let Some(r) = t.recalling.get_mut(&ino) {
                     r.inflight += 1;
                     let guard = UncappedGuard { caps: Arc::downgrade(&self.sh), ino };
-                    return Ok(Access::Uncapped { _counted: guard });
+                    return Ok(Access::Uncapped { _counted: Some(guard) });
                 }
             }
             if self.sh.caps.holds(ino, mode) {
@@ -256,7 +271,11 @@ impl Client {
             // A grant asked before the leader hears of this client's own drop of the
             // cap would not be cached, and this would ask again at once, until then.
             self.sh.caps.until_release_told(ino).await;
-            self.acquire(ino, None, mode).await?;
+            // Asked again, it would be answered the same while the directory is
+            // contended: a listing of it spun until its changes stopped.
+            if self.acquire(ino, None, mode).await?.1 == Kept::Ungranted {
+                return Ok(Access::Uncapped { _counted: None });
+            }
         }
     }
 }
