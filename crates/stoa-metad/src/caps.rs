@@ -779,23 +779,17 @@ pub(crate) async fn get_caps(
     // the kernel), or on the directory it looks a name up in.
     let waiter = Waiter { session, works_on: &[ino], refusable: true };
     let Some(name) = name else {
-        // The attributes of a contended directory, with no grant (sequence 0).
-        if mode == CapMode::Shared && node.caps.uncapped(session, ino) {
-            node.raft.linearize().await?;
-            let (attr, xattrs) = node.raft.read(move |kv| attr_and_xattrs(kv, ino)).await?;
-            return Ok(MetaResponse::Caps {
-                attr,
-                mode,
-                seq: 0,
-                dir_seq: 0,
-                dir_version: 0,
-                xattrs,
-            });
-        }
-        let seq = grant(node, waiter, ino, mode).await?;
+        // A contended directory's attributes come with no grant (sequence 0).
+        let seq = match mode == CapMode::Shared && node.caps.uncapped(session, ino) {
+            true => 0,
+            false => grant(node, waiter, ino, mode).await?,
+        };
         node.raft.linearize().await?;
         let read = node.raft.read(move |kv| attr_and_xattrs(kv, ino)).await;
-        let (attr, mode, xattrs) = granted(node, session, CapRef { ino, seq }, mode, read)?;
+        let (attr, mode, xattrs) = match seq {
+            0 => read.map(|(attr, xattrs)| (attr, mode, xattrs))?,
+            _ => granted(node, session, CapRef { ino, seq }, mode, read)?,
+        };
         return Ok(MetaResponse::Caps { attr, mode, seq, dir_seq: 0, dir_version: 0, xattrs });
     };
     let dir_seq = dir_grant(node, waiter, ino).await?;

@@ -15,16 +15,6 @@ pub(crate) enum Access {
     Uncapped { _counted: Option<UncappedGuard> },
 }
 
-/// What became of a grant a call brought.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kept {
-    Cached,
-    /// Not cached: recalled or dropped meanwhile, or from an older leader.
-    Late,
-    /// There was none: the leader granted the inode to nobody (sequence 0).
-    Ungranted,
-}
-
 /// Counts one uncapped operation of a recalled inode until dropped.
 pub(crate) struct UncappedGuard {
     caps: Weak<Shared>,
@@ -82,13 +72,14 @@ impl Client {
 
     /// Asks the leader for `mode` on `ino` (or, with `name`, on the child `name` of
     /// directory `ino`) and caches the answer if it was not recalled meanwhile.
-    /// Returns the attributes and what became of the grant.
+    /// Returns the attributes and whether the leader granted the cap at all (not: it
+    /// granted the inode to nobody, sequence 0, a contended directory).
     pub(crate) async fn acquire(
         &self,
         ino: InodeId,
         name: Option<&[u8]>,
         mode: CapMode,
-    ) -> Result<(Attr, Kept), FsError> {
+    ) -> Result<(Attr, bool), FsError> {
         let op = MetaOp::GetCaps { ino, name: name.map(<[u8]>::to_vec), mode };
         let grant = match self.call_grant(op).await? {
             (MetaResponse::Caps { attr, mode, seq, dir_seq, dir_version, xattrs }, sent) => {
@@ -96,12 +87,8 @@ impl Client {
             }
             (other, _) => return Err(unexpected("GetCaps", &other)),
         };
-        let kept = match self.keep(&grant, name.map(|n| (ino, n))) {
-            _ if grant.seq == 0 => Kept::Ungranted,
-            true => Kept::Cached,
-            false => Kept::Late,
-        };
-        Ok((grant.attr, kept))
+        self.keep(&grant, name.map(|n| (ino, n)));
+        Ok((grant.attr, grant.seq != 0))
     }
 
     /// Sends a grant call to the leader, whose answer renews the session's caps. Returns
@@ -273,7 +260,7 @@ impl Client {
             self.sh.caps.until_release_told(ino).await;
             // Asked again, it would be answered the same while the directory is
             // contended: a listing of it spun until its changes stopped.
-            if self.acquire(ino, None, mode).await?.1 == Kept::Ungranted {
+            if !self.acquire(ino, None, mode).await?.1 {
                 return Ok(Access::Uncapped { _counted: None });
             }
         }

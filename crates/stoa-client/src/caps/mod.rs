@@ -251,16 +251,6 @@ impl Table {
         }
     }
 
-    /// Drops the cap on `ino`, a file whose last name this client removed and which it
-    /// does not have open: nothing here can reach it any more (no name, no handle), and
-    /// the leader hears of it once the removal is applied ([`Caps::give_back_after`])
-    /// instead of having to recall it. The release names every grant (`u64::MAX`: the
-    /// client does not know the sequence of a cap on a file it created), so a grant of
-    /// the file still on its way is marked recalled here too, and never cached when it
-    /// arrives. Until the leader has been told ([`Caps::release_told`]): the file may
-    /// still be reached by inode (a handle opened from a name the kernel had cached, or
-    /// a create that found the name just before the removal), and its next grant must
-    /// be cached.
     /// Notes that a lookup found held inode `ino` at `name` in `parent`, which this client
     /// holds no cap on ([`Held::reached`]).
     fn reached_at(&mut self, ino: InodeId, parent: InodeId, name: &[u8]) {
@@ -279,6 +269,16 @@ impl Table {
         }
     }
 
+    /// Drops the cap on `ino`, a file whose last name this client removed and which it
+    /// does not have open: nothing here can reach it any more (no name, no handle), and
+    /// the leader hears of it once the removal is applied ([`Caps::give_back_after`])
+    /// instead of having to recall it. The release names every grant (`u64::MAX`: the
+    /// client does not know the sequence of a cap on a file it created), so a grant of
+    /// the file still on its way is marked recalled here too, and never cached when it
+    /// arrives. Until the leader has been told ([`Caps::release_told`]): the file may
+    /// still be reached by inode (a handle opened from a name the kernel had cached, or
+    /// a create that found the name just before the removal), and its next grant must
+    /// be cached.
     fn drop_own(&mut self, ino: InodeId) {
         if self.unhold(ino).is_some() {
             self.recalled.insert(ino, (UNTOLD, Instant::now()));
@@ -794,7 +794,8 @@ impl Caps {
     }
 
     /// Stores a grant unless a recall already named it, or it is none (sequence 0: the
-    /// leader granted nobody the inode, a busy directory). Returns whether it was stored.
+    /// leader granted nobody the inode, a contended directory). Returns whether it was
+    /// stored.
     fn store(&self, grant: &Grant, dir: Option<(InodeId, &[u8])>) -> bool {
         let mut t = self.lock();
         let mut stored = false;

@@ -289,7 +289,8 @@ impl MetaRaft {
     /// every change answered before. `None`: no such quorum, not leading, or a membership
     /// change under way (two voter sets); the caller asks a quorum instead.
     pub(crate) fn lease_index(&self) -> Option<u64> {
-        let m = self.raft.metrics().borrow().clone();
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
         if m.state != ServerState::Leader || m.current_leader != Some(m.id) {
             return None;
         }
